@@ -1,0 +1,37 @@
+// Small helpers shared by the CPU kernels. No torch dependency: these headers also build into
+// the plain C++ library (CMakeLists.txt) that non-Python serving stacks link.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace dspine {
+namespace cpu {
+
+// Element types convert through float; c10::BFloat16 / c10::Half provide these casts, and a
+// plain float instantiation needs nothing else.
+template <typename T>
+inline float to_f(T x) { return static_cast<float>(x); }
+template <typename T>
+inline T from_f(float x) { return static_cast<T>(x); }
+
+inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// A simple xorshift-free "parallel for" over [0, n): OpenMP when built with it, serial otherwise.
+template <typename F>
+inline void parallel_for(int64_t n, F&& fn) {
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) fn(i);
+#else
+  for (int64_t i = 0; i < n; ++i) fn(i);
+#endif
+}
+
+}  // namespace cpu
+}  // namespace dspine

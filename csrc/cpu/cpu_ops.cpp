@@ -1,0 +1,196 @@
+// Thin torch bindings of the CPU kernels: checks, dtype dispatch, output allocation.
+#include <ATen/Dispatch.h>
+
+#include "../dspine_ops.h"
+#include "attention.h"
+#include "injection.h"
+#include "norm.h"
+#include "rope.h"
+#include "transition.h"
+#include "verify.h"
+
+namespace dspine {
+namespace cpu {
+
+#define DSPINE_DISPATCH_FLOATS(TYPE, NAME, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, TYPE, NAME, __VA_ARGS__)
+
+static void check_rows(const at::Tensor& x, const at::Tensor& w, const char* name) {
+  TORCH_CHECK(x.is_contiguous(), name, ": input must be contiguous");
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), name, ": weight must match the last dim");
+  TORCH_CHECK(w.scalar_type() == x.scalar_type(), name, ": weight dtype must match the input");
+}
+
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  auto x = x_in.contiguous();
+  check_rows(x, weight, "rms_norm");
+  auto out = at::empty_like(x);
+  const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+  auto w = weight.contiguous();
+  DSPINE_DISPATCH_FLOATS(x.scalar_type(), "rms_norm", [&] {
+    rms_norm<scalar_t>(x.data_ptr<scalar_t>(), nullptr, w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                       nullptr, rows, d, static_cast<float>(eps));
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at::Tensor& res_in,
+                                                const at::Tensor& weight, double eps) {
+  auto x = x_in.contiguous(), res = res_in.contiguous();
+  check_rows(x, weight, "add_rms_norm");
+  TORCH_CHECK(res.sizes() == x.sizes() && res.scalar_type() == x.scalar_type(),
+              "add_rms_norm: residual must match x");
+  auto out = at::empty_like(x), sum = at::empty_like(x);
+  const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+  auto w = weight.contiguous();
+  DSPINE_DISPATCH_FLOATS(x.scalar_type(), "add_rms_norm", [&] {
+    rms_norm<scalar_t>(x.data_ptr<scalar_t>(), res.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                       out.data_ptr<scalar_t>(), sum.data_ptr<scalar_t>(), rows, d, static_cast<float>(eps));
+  });
+  return {out, sum};
+}
+
+static void check_rope_table(const at::Tensor& positions, const at::Tensor& cos_sin, int64_t n, int64_t d) {
+  TORCH_CHECK(positions.scalar_type() == at::kInt && positions.numel() == n, "rope: positions must be int32 [tokens]");
+  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.dim() == 2 && cos_sin.size(1) == d &&
+                  cos_sin.is_contiguous(),
+              "rope: cos_sin must be a contiguous fp32 [max_positions, head_dim] table");
+  TORCH_CHECK(d % 2 == 0, "rope: head_dim must be even");
+}
+
+// [tokens, heads, d] tensors may be row views of a fused projection: heads and d contiguous.
+static void check_token_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 3, name, ": expected [tokens, heads, head_dim]");
+  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), name, ": heads must be contiguous");
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+  check_token_rows(x, "rope");
+  check_rope_table(positions, cos_sin, x.size(0), x.size(2));
+  auto out = at::empty(x.sizes(), x.options());
+  auto pos = positions.contiguous();
+  DSPINE_DISPATCH_FLOATS(x.scalar_type(), "rope", [&] {
+    cpu::rope<scalar_t>(x.data_ptr<scalar_t>(), x.stride(0), out.data_ptr<scalar_t>(), pos.data_ptr<int32_t>(),
+                        cos_sin.data_ptr<float>(), x.size(0), x.size(1), x.size(2));
+  });
+  return out;
+}
+
+void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+              const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slots) {
+  check_token_rows(k, "write_kv");
+  check_token_rows(v, "write_kv");
+  TORCH_CHECK(k.sizes() == v.sizes(), "write_kv: k and v must have the same shape");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes(),
+              "write_kv: caches must be contiguous [pages, page_size, kv_heads, head_dim]");
+  TORCH_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), "write_kv: cache head layout differs from k");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
+              "write_kv: k/v dtype must match the cache");
+  TORCH_CHECK(slots.scalar_type() == at::kInt && slots.numel() == k.size(0), "write_kv: slots must be int32 [tokens]");
+  const bool rotate = cos_sin.numel() > 0;
+  if (rotate) check_rope_table(positions, cos_sin, k.size(0), k.size(2));
+  auto pos = positions.contiguous();
+  auto sl = slots.contiguous();
+  const int64_t capacity = k_cache.size(0) * k_cache.size(1);
+  auto sp = sl.data_ptr<int32_t>();
+  for (int64_t i = 0; i < sl.numel(); ++i)
+    TORCH_CHECK(sp[i] < capacity, "write_kv: slot ", sp[i], " is outside the cache (", capacity, " slots)");
+  DSPINE_DISPATCH_FLOATS(k.scalar_type(), "write_kv", [&] {
+    cpu::write_kv<scalar_t>(k.data_ptr<scalar_t>(), k.stride(0), v.data_ptr<scalar_t>(), v.stride(0),
+                            rotate ? pos.data_ptr<int32_t>() : nullptr, rotate ? cos_sin.data_ptr<float>() : nullptr,
+                            k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), sp, k.size(0), k.size(1),
+                            k.size(2));
+  });
+}
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
+                           int64_t max_q_len, bool causal, int64_t window, double scale) {
+  check_attention_args(q, k_cache, v_cache, block_tables, kv_lens, cu_q);
+  auto out = at::zeros({q.size(0), q.size(1), q.size(2)}, q.options());
+  auto bt = block_tables.contiguous(), kl = kv_lens.contiguous(), cq = cu_q.contiguous();
+  const int64_t batch = kl.numel();
+  const int32_t* klp = kl.data_ptr<int32_t>();
+  const int32_t* cqp = cq.data_ptr<int32_t>();
+  TORCH_CHECK(cqp[0] == 0 && cqp[batch] == q.size(0), "paged_attention: cu_q must run from 0 to the number of query rows");
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t n = cqp[b + 1] - cqp[b];
+    TORCH_CHECK(n >= 0 && n <= klp[b], "paged_attention: sequence ", b, " has more queries than keys");
+    TORCH_CHECK(klp[b] <= bt.size(1) * k_cache.size(1), "paged_attention: kv_len of sequence ", b,
+                " exceeds its block table");
+  }
+  PagedAttentionArgs a{batch, q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), bt.size(1),
+                       q.stride(0), causal, window, static_cast<float>(scale)};
+  DSPINE_DISPATCH_FLOATS(q.scalar_type(), "paged_attention", [&] {
+    cpu::paged_attention<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+                                   out.data_ptr<scalar_t>(), bt.data_ptr<int32_t>(), klp, cqp, a);
+  });
+  return out;
+}
+
+at::Tensor fused_injection(const at::Tensor& h_in, const at::Tensor& gate_in, const at::Tensor& fproj_in) {
+  TORCH_CHECK(h_in.dim() == 3, "fused_injection: h must be [n, block, hidden]");
+  TORCH_CHECK(gate_in.sizes() == h_in.sizes(), "fused_injection: gate_h must match h");
+  TORCH_CHECK(fproj_in.dim() == 3 && fproj_in.size(0) == h_in.size(0) && fproj_in.size(1) == h_in.size(1) &&
+                  fproj_in.size(2) == 2 * h_in.size(2),
+              "fused_injection: fproj must be [n, block, 2*hidden]");
+  TORCH_CHECK(gate_in.scalar_type() == h_in.scalar_type() && fproj_in.scalar_type() == h_in.scalar_type(),
+              "fused_injection: dtypes must match");
+  auto h = h_in.contiguous(), g = gate_in.contiguous(), f = fproj_in.contiguous();
+  auto out = at::empty_like(h);
+  DSPINE_DISPATCH_FLOATS(h.scalar_type(), "fused_injection", [&] {
+    cpu::fused_injection<scalar_t>(h.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(), f.data_ptr<scalar_t>(),
+                                   out.data_ptr<scalar_t>(), h.size(0), h.size(1), h.size(2));
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
+    const at::Tensor& logits_in, const at::Tensor& g_in, const at::Tensor& pred_in, const at::Tensor& succ_in,
+    const at::Tensor& anchor_in, int64_t top_k, const at::Tensor& temp_in, const at::Tensor& u_in) {
+  check_walk_args(logits_in, g_in, pred_in, succ_in, anchor_in, top_k, temp_in, u_in);
+  auto logits = logits_in.contiguous(), g = g_in.contiguous(), pred = pred_in.contiguous(),
+       succ = succ_in.contiguous(), anchor = anchor_in.contiguous(), temp = temp_in.contiguous(),
+       u = u_in.contiguous();
+  const int64_t b = logits.size(0), j = logits.size(1), v = logits.size(2);
+  auto tokens = at::empty({b, j}, logits.options().dtype(at::kLong));
+  auto cand_ids = at::empty({b, j, top_k}, logits.options().dtype(at::kLong));
+  auto cand_probs = at::empty({b, j, top_k}, logits.options().dtype(at::kFloat));
+  const bool use_t = g.numel() > 0;
+  TransitionArgs a{b, j, v, use_t ? g.size(2) : 0, top_k, use_t};
+  DSPINE_DISPATCH_FLOATS(logits.scalar_type(), "transition_walk", [&] {
+    cpu::transition_walk<scalar_t>(logits.data_ptr<scalar_t>(), use_t ? g.data_ptr<scalar_t>() : nullptr,
+                                   use_t ? pred.data_ptr<scalar_t>() : nullptr,
+                                   use_t ? succ.data_ptr<scalar_t>() : nullptr, anchor.data_ptr<int64_t>(),
+                                   temp.data_ptr<float>(), u.data_ptr<float>(), tokens.data_ptr<int64_t>(),
+                                   cand_ids.data_ptr<int64_t>(), cand_probs.data_ptr<float>(), a);
+  });
+  return {tokens, cand_ids, cand_probs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify(
+    const at::Tensor& logits_in, const at::Tensor& draft_in, const at::Tensor& cid_in, const at::Tensor& cp_in,
+    const at::Tensor& temp_in, const at::Tensor& tk_in, const at::Tensor& tp_in, const at::Tensor& u_in,
+    const at::Tensor& sl_in) {
+  check_verify_args(logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in, sl_in);
+  auto logits = logits_in.contiguous(), draft = draft_in.contiguous(), cid = cid_in.contiguous(),
+       cp = cp_in.contiguous(), temp = temp_in.contiguous(), tk = tk_in.contiguous(), tp = tp_in.contiguous(),
+       u = u_in.contiguous(), sl = sl_in.contiguous();
+  const int64_t b = logits.size(0), t = logits.size(1), v = logits.size(2);
+  auto accept = at::empty({b}, logits.options().dtype(at::kInt));
+  auto out = at::empty({b, t}, logits.options().dtype(at::kLong));
+  auto new_lens = at::empty({b}, logits.options().dtype(at::kInt));
+  VerifyArgs a{b, t, v, cid.size(2)};
+  DSPINE_DISPATCH_FLOATS(logits.scalar_type(), "block_verify", [&] {
+    cpu::block_verify<scalar_t>(logits.data_ptr<scalar_t>(), draft.data_ptr<int64_t>(), cid.data_ptr<int64_t>(),
+                                cp.data_ptr<float>(), temp.data_ptr<float>(), tk.data_ptr<int32_t>(),
+                                tp.data_ptr<float>(), u.data_ptr<float>(), sl.data_ptr<int32_t>(),
+                                accept.data_ptr<int32_t>(), out.data_ptr<int64_t>(), new_lens.data_ptr<int32_t>(), a);
+  });
+  return {accept, out, new_lens};
+}
+
+}  // namespace cpu
+}  // namespace dspine

@@ -1,0 +1,113 @@
+// Schemas of torch.ops.dspine.*, their CPU/CUDA registrations and the Python module.
+#include <torch/extension.h>
+
+#include "dspine_ops.h"
+
+namespace dspine {
+
+void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                          const at::Tensor& block_tables, const at::Tensor& kv_lens,
+                          const at::Tensor& cu_q) {
+  TORCH_CHECK(q.dim() == 3, "paged_attention: q must be [tokens, heads, head_dim]");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "paged_attention: q heads must be contiguous");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "paged_attention: caches must both be [pages, page_size, kv_heads, head_dim]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_attention: caches must be contiguous");
+  TORCH_CHECK(k_cache.size(3) == q.size(2), "paged_attention: head_dim of q and cache differ");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "paged_attention: q heads must be a multiple of kv heads");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "paged_attention: q and cache dtypes differ");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && kv_lens.scalar_type() == at::kInt &&
+                  cu_q.scalar_type() == at::kInt,
+              "paged_attention: block_tables, kv_lens and cu_q must be int32");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.is_contiguous(), "paged_attention: block_tables must be [batch, max_pages]");
+  TORCH_CHECK(kv_lens.numel() == block_tables.size(0) && cu_q.numel() == kv_lens.numel() + 1,
+              "paged_attention: batch sizes of block_tables, kv_lens, cu_q disagree");
+}
+
+void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,
+                       const at::Tensor& cand_ids, const at::Tensor& cand_probs,
+                       const at::Tensor& temperature, const at::Tensor& top_k,
+                       const at::Tensor& top_p, const at::Tensor& uniforms,
+                       const at::Tensor& seq_lens) {
+  TORCH_CHECK(logits.dim() == 3 && logits.size(1) >= 1, "block_verify: logits must be [batch, T, vocab]");
+  const auto b = logits.size(0), t = logits.size(1);
+  TORCH_CHECK(draft_tokens.dim() == 2 && draft_tokens.size(0) == b && draft_tokens.size(1) == t - 1 &&
+                  draft_tokens.scalar_type() == at::kLong,
+              "block_verify: draft_tokens must be int64 [batch, T-1]");
+  TORCH_CHECK(cand_ids.dim() == 3 && cand_ids.size(0) == b && cand_ids.size(1) == t - 1 &&
+                  cand_ids.scalar_type() == at::kLong,
+              "block_verify: cand_ids must be int64 [batch, T-1, K]");
+  TORCH_CHECK(cand_probs.sizes() == cand_ids.sizes() && cand_probs.scalar_type() == at::kFloat,
+              "block_verify: cand_probs must be fp32 shaped like cand_ids");
+  TORCH_CHECK(temperature.numel() == b && temperature.scalar_type() == at::kFloat, "block_verify: temperature must be fp32 [batch]");
+  TORCH_CHECK(top_k.numel() == b && top_k.scalar_type() == at::kInt, "block_verify: top_k must be int32 [batch]");
+  TORCH_CHECK(top_p.numel() == b && top_p.scalar_type() == at::kFloat, "block_verify: top_p must be fp32 [batch]");
+  TORCH_CHECK(uniforms.dim() == 2 && uniforms.size(0) == b && uniforms.size(1) == t && uniforms.scalar_type() == at::kFloat,
+              "block_verify: uniforms must be fp32 [batch, T]");
+  TORCH_CHECK(seq_lens.numel() == b && seq_lens.scalar_type() == at::kInt, "block_verify: seq_lens must be int32 [batch]");
+}
+
+void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,
+                     const at::Tensor& succ_table, const at::Tensor& anchor, int64_t top_k,
+                     const at::Tensor& temperature, const at::Tensor& uniforms) {
+  TORCH_CHECK(logits.dim() == 3, "transition_walk: logits must be [batch, J, vocab]");
+  const auto b = logits.size(0), j = logits.size(1), v = logits.size(2);
+  TORCH_CHECK(top_k >= 1 && top_k <= v, "transition_walk: top_k must be in [1, vocab]");
+  if (g.numel() > 0) {
+    TORCH_CHECK(g.dim() == 3 && g.size(0) == b && g.size(1) == j, "transition_walk: g must be [batch, J, rank]");
+    TORCH_CHECK(pred_table.dim() == 2 && pred_table.size(0) == v && pred_table.size(1) == g.size(2) &&
+                    succ_table.sizes() == pred_table.sizes(),
+                "transition_walk: tables must be [vocab, rank] matching g");
+    TORCH_CHECK(g.scalar_type() == logits.scalar_type() && pred_table.scalar_type() == logits.scalar_type() &&
+                    succ_table.scalar_type() == logits.scalar_type(),
+                "transition_walk: g and tables must have the logits dtype");
+  }
+  TORCH_CHECK(anchor.numel() == b && anchor.scalar_type() == at::kLong, "transition_walk: anchor must be int64 [batch]");
+  TORCH_CHECK(temperature.numel() == b && temperature.scalar_type() == at::kFloat, "transition_walk: temperature must be fp32 [batch]");
+  TORCH_CHECK(uniforms.dim() == 2 && uniforms.size(0) == b && uniforms.size(1) == j && uniforms.scalar_type() == at::kFloat,
+              "transition_walk: uniforms must be fp32 [batch, J]");
+}
+
+}  // namespace dspine
+
+TORCH_LIBRARY(dspine, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rope(Tensor x, Tensor positions, Tensor cos_sin) -> Tensor");
+  m.def("write_kv(Tensor k, Tensor v, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, "
+        "Tensor(b!) v_cache, Tensor slots) -> ()");
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor kv_lens, Tensor cu_q, int max_q_len, bool causal, int window, float scale) -> Tensor");
+  m.def("fused_injection(Tensor h, Tensor gate_h, Tensor fproj) -> Tensor");
+  m.def("transition_walk(Tensor logits, Tensor g, Tensor pred_table, Tensor succ_table, "
+        "Tensor anchor, int top_k, Tensor temperature, Tensor uniforms) -> (Tensor, Tensor, Tensor)");
+  m.def("block_verify(Tensor logits, Tensor draft_tokens, Tensor cand_ids, Tensor cand_probs, "
+        "Tensor temperature, Tensor top_k, Tensor top_p, Tensor uniforms, Tensor seq_lens) "
+        "-> (Tensor, Tensor, Tensor)");
+}
+
+#define DSPINE_REGISTER_BACKEND(ns, KEY)                 \
+  TORCH_LIBRARY_IMPL(dspine, KEY, m) {                   \
+    m.impl("rms_norm", &dspine::ns::rms_norm);           \
+    m.impl("add_rms_norm", &dspine::ns::add_rms_norm);   \
+    m.impl("rope", &dspine::ns::rope);                   \
+    m.impl("write_kv", &dspine::ns::write_kv);           \
+    m.impl("paged_attention", &dspine::ns::paged_attention); \
+    m.impl("fused_injection", &dspine::ns::fused_injection); \
+    m.impl("transition_walk", &dspine::ns::transition_walk); \
+    m.impl("block_verify", &dspine::ns::block_verify);   \
+  }
+
+DSPINE_REGISTER_BACKEND(cpu, CPU)
+#ifdef DSPINE_WITH_CUDA
+DSPINE_REGISTER_BACKEND(cuda, CUDA)
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "dspine_engine kernels (registered as torch.ops.dspine.*)";
+#ifdef DSPINE_WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+}

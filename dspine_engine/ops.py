@@ -1,0 +1,384 @@
+"""The Python face of the `torch.ops.dspine.*` kernels and the pure-PyTorch reference of each.
+
+Every op exists three times: a C++ CPU kernel (csrc/cpu), a CUDA kernel (csrc/cuda) and the
+reference below. The references are the specification: tests compare the kernels with them on
+random inputs, and the docstrings state the exact semantics (masks, tie-breaking, sampling rules).
+
+Conventions shared by all ops
+- Index tensors (positions, slots, block tables, lengths, cu_q) are int32; token ids are int64.
+- Paged KV cache of one layer: ``[num_pages, page_size, num_kv_heads, head_dim]``.
+  ``block_tables[b, i]`` is the page holding positions ``i*page_size .. (i+1)*page_size-1`` of
+  sequence b. ``slots[t] = page * page_size + offset`` addresses one position; ``slot < 0`` means
+  "do not write" (padding).
+- RoPE is the rotate-half (GPT-NeoX) form; ``cos_sin[pos] = [cos(pos*f_0..f_{D/2-1}),
+  sin(...)]`` in fp32, so scaling schemes (llama3, linear, ...) live only in the table.
+- Sampling: probabilities are ``softmax(logits / T)`` after top-k, then top-p; both filters are
+  tie-inclusive (``keep p >= threshold``). Randomness enters only through ``uniforms`` inputs, so
+  the three implementations make the same choices from the same numbers.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import _C  # noqa: F401  (loads the extension and registers torch.ops.dspine)
+
+_ops = torch.ops.dspine
+
+
+# --------------------------------------------------------------------------------------------
+# RMSNorm
+# --------------------------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim (computed in fp32)."""
+    return _ops.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x, residual, weight, eps):
+    """Returns ``(rms_norm(x + residual), x + residual)``: the pre-norm residual update."""
+    return _ops.add_rms_norm(x, residual, weight, eps)
+
+
+def rms_norm_ref(x, weight, eps):
+    xf = x.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (out * weight.float()).to(x.dtype)
+
+
+def add_rms_norm_ref(x, residual, weight, eps):
+    s = (x.float() + residual.float()).to(x.dtype)
+    return rms_norm_ref(s, weight, eps), s
+
+
+# --------------------------------------------------------------------------------------------
+# RoPE and the paged KV write
+# --------------------------------------------------------------------------------------------
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """Rotates ``x [N, H, D]`` by the angles of ``positions [N]`` (rotate-half form)."""
+    return _ops.rope(x, positions, cos_sin)
+
+
+def write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
+    """Writes ``rope(k)`` and ``v`` (``[N, Hkv, D]``) into the pages at ``slots [N]``.
+
+    Rows whose slot is negative are skipped (padding). ``cos_sin`` may be an empty tensor: then
+    k is written without rotation (used by models whose keys carry no position)."""
+    _ops.write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots)
+
+
+def rope_ref(x, positions, cos_sin):
+    half = x.shape[-1] // 2
+    cs = cos_sin[positions.long()].float()
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
+    keep = slots >= 0
+    if cos_sin.numel() > 0:
+        k = rope_ref(k, positions, cos_sin)
+    s = slots[keep].long()
+    page_size = k_cache.shape[1]
+    k_cache[s // page_size, s % page_size] = k[keep].to(k_cache.dtype)
+    v_cache[s // page_size, s % page_size] = v[keep].to(v_cache.dtype)
+
+
+def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict | None = None,
+                 device=None) -> torch.Tensor:
+    """The ``[max_positions, head_dim]`` fp32 table every RoPE op reads.
+
+    ``scaling`` takes the HF ``rope_scaling`` / ``rope_parameters`` dict: "default", "linear",
+    "dynamic" (treated as its static form at max_positions), and "llama3"."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) or "default"
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+        mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
+        scaled = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+        inv = scaled
+    elif kind not in ("default", "dynamic"):
+        raise ValueError(f"unsupported rope scaling type {kind!r}")
+    t = torch.arange(max_positions, dtype=torch.float64)
+    freqs = torch.outer(t, inv)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float().to(device)
+
+
+# --------------------------------------------------------------------------------------------
+# Paged sliding-window attention
+# --------------------------------------------------------------------------------------------
+
+def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len: int,
+                    causal: bool, window: int, scale: float) -> torch.Tensor:
+    """Attention of varlen queries against a paged KV cache (GQA).
+
+    ``q [Nq, Hq, D]``; sequence b owns query rows ``cu_q[b]:cu_q[b+1]`` (n_b rows) and keys
+    ``0 .. kv_lens[b]-1``, which already include the K/V of its n_b new tokens, so query i of b
+    sits at position ``p = kv_lens[b] - n_b + i``. Query p sees key k iff
+    ``k <= p`` (causal) or ``k < kv_lens[b]`` (bidirectional block), and, when ``window > 0``,
+    ``p - k < window``. Head h reads KV head ``h // (Hq / Hkv)``. ``max_q_len`` bounds n_b (the
+    CUDA launch uses it, so no host sync is needed). A query that sees no key outputs zeros."""
+    return _ops.paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
+                                causal, window, scale)
+
+
+def paged_attention_ref(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
+                        causal, window, scale):
+    out = torch.zeros_like(q)
+    page_size = k_cache.shape[1]
+    group = q.shape[1] // k_cache.shape[2]
+    for b in range(kv_lens.shape[0]):
+        q0, q1 = int(cu_q[b]), int(cu_q[b + 1])
+        n, kv_len = q1 - q0, int(kv_lens[b])
+        if n == 0:
+            continue
+        qpos = torch.arange(kv_len - n, kv_len)
+        kpos = torch.arange(kv_len)
+        rel = qpos[:, None] - kpos[None, :]  # query position minus key position
+        visible = rel >= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
+        if window > 0:
+            visible = visible & (rel < window)
+        # Gather only pages that hold a visible key: pages outside the window may be freed.
+        need = visible.any(0)
+        pages = block_tables[b, (kpos // page_size)].long()
+        pages = torch.where(need, pages, torch.zeros_like(pages))
+        k = k_cache[pages, kpos % page_size].float().repeat_interleave(group, dim=1)
+        v = v_cache[pages, kpos % page_size].float().repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), k) * scale
+        s = s.masked_fill(~visible[None], float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", p, v).to(q.dtype)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Fused adjacent causal injection (DSpine)
+# --------------------------------------------------------------------------------------------
+
+def fused_injection(h: torch.Tensor, gate_h: torch.Tensor, fproj: torch.Tensor) -> torch.Tensor:
+    """Receiver-side gated injection of the predecessor's feature, for blocks ``[N, B, H]``.
+
+    ``fproj [N, B, 2H]`` holds ``[W_gf f_j, W_i f_j]`` for every position j; ``gate_h [N, B, H]``
+    holds ``W_gh norm(h_j)``. Position 0 (the anchor) is unchanged; for j >= 1
+    ``out_j = h_j + sigmoid(gate_h_j + fproj_{j-1}[:H]) * fproj_{j-1}[H:]``."""
+    return _ops.fused_injection(h, gate_h, fproj)
+
+
+def fused_injection_ref(h, gate_h, fproj):
+    hidden = h.shape[-1]
+    gate = torch.sigmoid(gate_h[:, 1:].float() + fproj[:, :-1, :hidden].float())
+    out = h.clone()
+    out[:, 1:] = (h[:, 1:].float() + gate * fproj[:, :-1, hidden:].float()).to(h.dtype)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling distribution shared by the walk and the verifier
+# --------------------------------------------------------------------------------------------
+
+def sampling_probs_ref(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
+    """fp32 target distribution of one row: softmax(logits / T) with tie-inclusive top-k, then
+    tie-inclusive top-p (keep ``p >= tau`` with tau the smallest kept value of the sorted
+    cumulative scan), renormalised. ``temperature`` must be > 0."""
+    x = logits.float() / temperature
+    if 0 < top_k < x.shape[-1]:
+        kth = torch.topk(x, top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    p = torch.softmax(x, dim=-1)
+    if top_p < 1.0:
+        sp = torch.sort(p, descending=True).values
+        cut = int(torch.searchsorted(torch.cumsum(sp, 0), torch.tensor([top_p]))[0].clamp(max=sp.numel() - 1))
+        p = torch.where(p >= sp[cut], p, torch.zeros_like(p))
+        p = p / p.sum()
+    return p
+
+
+def _sample_index(p: torch.Tensor, u: float) -> int:
+    """Inverse-CDF sample: first index whose cumulative mass exceeds ``u * total``."""
+    c = torch.cumsum(p.double(), 0)
+    idx = int(torch.searchsorted(c, torch.tensor([u * float(c[-1])], dtype=torch.float64),
+                                 right=True)[0])
+    idx = min(idx, p.numel() - 1)
+    while p[idx] <= 0:  # u*total landed exactly on a boundary; step to the next positive mass
+        idx -= 1
+    return idx
+
+
+# --------------------------------------------------------------------------------------------
+# Transition-cache scoring + chain walk (DSpine); DFlash drafting when the tables are absent
+# --------------------------------------------------------------------------------------------
+
+def transition_walk(logits, g, pred_table, succ_table, anchor, top_k: int, temperature,
+                    uniforms):
+    """Chooses the draft chain of every block in one launch.
+
+    ``logits [b, J, V]`` are U_1..U_J; ``g [b, J, r]``; ``pred_table, succ_table [V, r]``
+    (P = E_out W_a, Q = E_out W_b); ``anchor [b]`` int64; ``temperature [b]`` (0 = greedy);
+    ``uniforms [b, J]``. Candidates C_j = top-k of U_j, sorted by score, ties to the lower id.
+    Pair score ``s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r]`` with a the chosen token
+    at j-1 (the anchor for j = 1). Greedy: a_j = the first candidate of maximal score; sampled:
+    q_j = softmax(s_j(.|a_{j-1}) / T) over the candidates and a_j its inverse-CDF sample.
+    ``g``, ``pred_table``, ``succ_table`` empty: scores are U alone (a DFlash drafter).
+    Returns ``tokens [b, J]`` int64, ``cand_ids [b, J, K]`` int64 and ``cand_probs [b, J, K]``
+    fp32 (q_j; one-hot on the chosen candidate for greedy rows)."""
+    return _ops.transition_walk(logits, g, pred_table, succ_table, anchor, top_k, temperature,
+                                uniforms)
+
+
+def _topk_sorted(x: torch.Tensor, k: int):
+    # Stable sort on -x gives "higher score first, lower id first on ties".
+    order = torch.sort(-x.float(), stable=True).indices[:k]
+    return x.float()[order], order
+
+
+def transition_walk_ref(logits, g, pred_table, succ_table, anchor, top_k, temperature, uniforms):
+    b, j_len, _ = logits.shape
+    tokens = torch.zeros(b, j_len, dtype=torch.long)
+    cand_ids = torch.zeros(b, j_len, top_k, dtype=torch.long)
+    cand_probs = torch.zeros(b, j_len, top_k, dtype=torch.float32)
+    use_transition = g.numel() > 0
+    for i in range(b):
+        prev = int(anchor[i])
+        t = float(temperature[i])
+        for j in range(j_len):
+            u_vals, ids = _topk_sorted(logits[i, j], top_k)
+            scores = u_vals.clone()
+            if use_transition:
+                w = pred_table[prev].float() * g[i, j].float()
+                scores = scores + succ_table[ids].float() @ w
+            if t > 0:
+                q = torch.softmax(scores / t, dim=-1)
+                pick = _sample_index(q, float(uniforms[i, j]))
+            else:
+                pick = int(torch.argmax(scores))  # first maximal index
+                q = torch.zeros(top_k)
+                q[pick] = 1.0
+            cand_ids[i, j] = ids
+            cand_probs[i, j] = q
+            prev = int(ids[pick])
+            tokens[i, j] = prev
+    return tokens.to(logits.device), cand_ids.to(logits.device), cand_probs.to(logits.device)
+
+
+# --------------------------------------------------------------------------------------------
+# Block verify with first-mismatch truncation
+# --------------------------------------------------------------------------------------------
+
+def block_verify(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p,
+                 uniforms, seq_lens):
+    """Verifies every block of the batch and picks the bonus token, in one launch.
+
+    ``logits [b, T, V]``: target logits at the block's positions (row j predicts the token
+    after block token j). ``draft_tokens [b, T-1]``; the draft distribution q_j is sparse:
+    ``cand_ids / cand_probs [b, T-1, K]`` (a point-mass draft is K = 1, prob 1).
+    Per row with ``temperature == 0`` (greedy): accept d_j while ``d_j == argmax p_j`` (first
+    maximal id); the bonus is ``argmax`` at the first rejected row (or row T-1).
+    Sampled rows: p_j = sampling distribution (see sampling_probs_ref); accept d_j iff
+    ``uniforms[j] * q_j(d_j) < p_j(d_j)``; at the first rejection sample the residual
+    ``max(0, p_j - q_j)`` (p_j if the residual is all zero) and stop; if all are accepted sample
+    p_{T-1}. The final sample uses ``uniforms[T-1]`` by inverse CDF.
+    Returns ``accept_len [b]`` int32 (drafts accepted), ``out_tokens [b, T]`` int64 (accepted
+    drafts, then the bonus at index accept_len, then -1) and ``new_seq_lens = seq_lens +
+    accept_len + 1``."""
+    return _ops.block_verify(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k,
+                             top_p, uniforms, seq_lens)
+
+
+def block_verify_ref(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p,
+                     uniforms, seq_lens):
+    b, t_len, _ = logits.shape
+    accept = torch.zeros(b, dtype=torch.int32)
+    out = torch.full((b, t_len), -1, dtype=torch.long)
+    for i in range(b):
+        t = float(temperature[i])
+        n = 0
+        bonus = None
+        for j in range(t_len):
+            if t <= 0:
+                target = int(torch.argmax(logits[i, j].float()))
+                if j < t_len - 1 and int(draft_tokens[i, j]) == target:
+                    out[i, j] = target
+                    n += 1
+                    continue
+                bonus = target
+                break
+            p = sampling_probs_ref(logits[i, j], t, int(top_k[i]), float(top_p[i]))
+            if j < t_len - 1:
+                d = int(draft_tokens[i, j])
+                match = cand_ids[i, j] == d
+                q_d = float(cand_probs[i, j][match].sum())
+                if float(uniforms[i, j]) * q_d < float(p[d]):
+                    out[i, j] = d
+                    n += 1
+                    continue
+                resid = p.clone()
+                resid.index_add_(0, cand_ids[i, j].long(), -cand_probs[i, j].float())
+                resid = resid.clamp_min(0)
+                p = resid if float(resid.sum()) > 0 else p
+            bonus = _sample_index(p, float(uniforms[i, t_len - 1]))
+            break
+        out[i, n] = bonus
+        accept[i] = n
+    dev = logits.device
+    return accept.to(dev), out.to(dev), (seq_lens.cpu() + accept + 1).to(torch.int32).to(dev)
+
+
+# --------------------------------------------------------------------------------------------
+# Fake (meta) kernels so the ops trace under torch.compile
+# --------------------------------------------------------------------------------------------
+
+def _register_fakes() -> None:
+    lib = "dspine::"
+    reg = torch.library.register_fake
+
+    @reg(lib + "rms_norm")
+    def _(x, w, eps):
+        return torch.empty_like(x)
+
+    @reg(lib + "add_rms_norm")
+    def _(x, r, w, eps):
+        return torch.empty_like(x), torch.empty_like(x)
+
+    @reg(lib + "rope")
+    def _(x, pos, cs):
+        return torch.empty_like(x)
+
+    @reg(lib + "write_kv")
+    def _(k, v, pos, cs, kc, vc, slots):
+        return None
+
+    @reg(lib + "paged_attention")
+    def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale):
+        return torch.empty_like(q)
+
+    @reg(lib + "fused_injection")
+    def _(h, gh, fp):
+        return torch.empty_like(h)
+
+    @reg(lib + "transition_walk")
+    def _(logits, g, pt, st, anchor, top_k, temp, u):
+        b, j = logits.shape[:2]
+        return (logits.new_empty(b, j, dtype=torch.long),
+                logits.new_empty(b, j, top_k, dtype=torch.long),
+                logits.new_empty(b, j, top_k, dtype=torch.float32))
+
+    @reg(lib + "block_verify")
+    def _(logits, d, ci, cp, temp, tk, tp, u, sl):
+        b, t = logits.shape[:2]
+        return (logits.new_empty(b, dtype=torch.int32), logits.new_empty(b, t, dtype=torch.long),
+                logits.new_empty(b, dtype=torch.int32))
+
+
+_register_fakes()

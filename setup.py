@@ -1,0 +1,78 @@
+"""Builds dspine_engine._C: the CPU kernels always, the CUDA kernels when they can be built.
+
+Environment switches (all optional):
+  DSPINE_CUDA=1/0        force the CUDA kernels on (fail if impossible) or off; default: on when
+                         torch is a CUDA build and nvcc is found.
+  DSPINE_CUDA_ARCHS      e.g. "80;90a" (default). Each entry becomes -gencode for that sm.
+  DSPINE_PORTABLE=1      build the CPU kernels without -march=native (for redistributable wheels).
+  MAX_JOBS               parallel compile jobs (torch's ninja builder reads it).
+"""
+import glob
+import os
+import shutil
+
+from setuptools import setup
+from torch.utils import cpp_extension as ce
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _flag(name):
+    value = os.environ.get(name)
+    return None if value is None or value == "" else value not in ("0", "false", "False", "no")
+
+
+def _want_cuda():
+    forced = _flag("DSPINE_CUDA")
+    import torch
+
+    possible = torch.version.cuda is not None and (ce.CUDA_HOME is not None or shutil.which("nvcc"))
+    if forced and not possible:
+        raise RuntimeError("DSPINE_CUDA=1 but torch is not a CUDA build or nvcc is missing")
+    return bool(possible) if forced is None else forced
+
+
+def _cutlass_include():
+    """CuTe/CUTLASS headers from the nvidia-cutlass wheel (its cutlass_library package)."""
+    try:
+        import cutlass_library
+    except ImportError:
+        return []
+    inc = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
+    return [inc] if os.path.isdir(inc) else []
+
+
+def _gencode():
+    archs = os.environ.get("DSPINE_CUDA_ARCHS", "80;90a").replace(",", ";").split(";")
+    flags = []
+    for arch in filter(None, (a.strip() for a in archs)):
+        flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
+    return flags
+
+
+def extensions():
+    cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    if not _flag("DSPINE_PORTABLE"):
+        cxx.append("-march=native")
+    sources = ["csrc/ops.cpp", "csrc/cpu/cpu_ops.cpp"]
+    include_dirs = [os.path.join(ROOT, "csrc")]
+    if _want_cuda():
+        cutlass = _cutlass_include()
+        nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "--use_fast_math", "-lineinfo",
+                "-DDSPINE_WITH_CUDA"] + _gencode()
+        if cutlass:
+            nvcc.append("-DDSPINE_WITH_CUTLASS")
+        return [ce.CUDAExtension(
+            "dspine_engine._C",
+            sources + sorted(glob.glob("csrc/cuda/*.cu")),
+            include_dirs=include_dirs + cutlass,
+            extra_compile_args={"cxx": cxx + ["-DDSPINE_WITH_CUDA"], "nvcc": nvcc},
+            extra_link_args=["-fopenmp"],
+        )]
+    return [ce.CppExtension(
+        "dspine_engine._C", sources, include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"],
+    )]
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": ce.BuildExtension})

@@ -1,0 +1,102 @@
+"""Random inputs for the kernel tests, shared by the CPU tests and the GPU tests.
+
+Every case is drawn fresh (seeded per test for reproducibility of a failure, different across
+parametrisations); outputs of the kernels are compared with the references in dspine_engine.ops.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+
+
+def paged_layout(kv_lens, page_size, num_pages_extra=3, gen=None, device="cpu"):
+    """A shuffled page assignment for sequences of the given lengths (pages are not in order, so
+    wrong page arithmetic shows). Returns (block_tables [b, max_pages] int32, total_pages)."""
+    max_pages = max(1, max(math.ceil(n / page_size) for n in kv_lens))
+    need = sum(math.ceil(n / page_size) for n in kv_lens)
+    total = need + num_pages_extra
+    perm = torch.randperm(total, generator=gen).tolist()
+    tables = torch.full((len(kv_lens), max_pages + 1), -1, dtype=torch.int32)
+    it = iter(perm)
+    for b, n in enumerate(kv_lens):
+        for i in range(math.ceil(n / page_size)):
+            tables[b, i] = next(it)
+    return tables.to(device), total
+
+
+def attention_case(q_lens, kv_lens, q_heads, kv_heads, head_dim, page_size, dtype, device,
+                   seed):
+    gen = torch.Generator().manual_seed(seed)
+    tables, pages = paged_layout(kv_lens, page_size, gen=gen)
+    k_cache = torch.randn(pages, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(pages, page_size, kv_heads, head_dim, generator=gen).to(dtype)
+    q = torch.randn(sum(q_lens), q_heads, head_dim, generator=gen).to(dtype)
+    cu_q = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32)
+    kv = torch.tensor(kv_lens, dtype=torch.int32)
+    to = dict(device=device)
+    return (q.to(**to), k_cache.to(**to), v_cache.to(**to), tables.to(**to), kv.to(**to),
+            cu_q.to(**to), max(q_lens))
+
+
+def free_pages_outside_window(tables, kv_lens, q_lens, page_size, window):
+    """Marks pages no query can see as freed (-1), as the draft's sliding window does."""
+    tables = tables.clone()
+    for b, (n, q) in enumerate(zip(kv_lens, q_lens)):
+        first_pos = n - q
+        lo = max(0, first_pos - window + 1)
+        for i in range(lo // page_size):
+            tables[b, i] = -1
+    return tables
+
+
+def verify_case(batch, t_len, vocab, cand, device, seed, temperatures, dtype=torch.float32,
+                peaked=True):
+    """Logits where drafts agree with the target often enough to exercise long accepts."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, t_len, vocab, generator=gen) * 2
+    if peaked:
+        logits[..., : vocab // 8] += 3.0  # concentrate mass so draws of drafts are accepted
+    draft = torch.randint(0, vocab // 8, (batch, max(t_len - 1, 0)), generator=gen)
+    # Greedy rows: make a random prefix of the drafts equal to the argmax.
+    for b in range(batch):
+        keep = random.Random(seed + b).randint(0, t_len - 1)
+        for j in range(keep):
+            logits[b, j, draft[b, j]] = logits[b, j].max() + 1.0
+    cand_ids = torch.randint(0, vocab, (batch, max(t_len - 1, 0), cand), generator=gen)
+    cand_ids[..., 0] = draft
+    cand_probs = torch.rand(batch, max(t_len - 1, 0), cand, generator=gen)
+    cand_probs = cand_probs / cand_probs.sum(-1, keepdim=True)
+    temp = torch.tensor(temperatures, dtype=torch.float32)
+    top_k = torch.tensor([random.Random(seed * 7 + b).choice([0, 0, 5, 50]) for b in range(batch)],
+                         dtype=torch.int32)
+    top_p = torch.tensor([random.Random(seed * 11 + b).choice([1.0, 1.0, 0.9, 0.5])
+                          for b in range(batch)], dtype=torch.float32)
+    uniforms = torch.rand(batch, t_len, generator=gen)
+    seq_lens = torch.randint(1, 1000, (batch,), generator=gen, dtype=torch.int32)
+    args = (logits.to(dtype), draft, cand_ids, cand_probs, temp, top_k, top_p, uniforms, seq_lens)
+    return tuple(a.to(device) for a in args)
+
+
+def walk_case(batch, j_len, vocab, rank, top_k, device, seed, temperatures, dtype=torch.float32,
+              use_transition=True):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(batch, j_len, vocab, generator=gen) * 3).to(dtype)
+    if use_transition:
+        g = torch.randn(batch, j_len, rank, generator=gen).to(dtype)
+        pred = (torch.randn(vocab, rank, generator=gen) * 0.3).to(dtype)
+        succ = (torch.randn(vocab, rank, generator=gen) * 0.3).to(dtype)
+    else:
+        g = pred = succ = torch.empty(0, dtype=dtype)
+    anchor = torch.randint(0, vocab, (batch,), generator=gen)
+    temp = torch.tensor(temperatures, dtype=torch.float32)
+    uniforms = torch.rand(batch, j_len, generator=gen)
+    args = (logits, g, pred, succ, anchor, top_k, temp, uniforms)
+    return tuple(a.to(device) if torch.is_tensor(a) else a for a in args)
+
+
+def rel_err(a, b):
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "output has NaN/inf"
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
