@@ -1,0 +1,15 @@
+"""dspine_engine: parallel speculative decoding with DSpine drafters, on our own kernels.
+
+    from dspine_engine import Engine, SamplingParams
+    engine = Engine()                       # SmolLM2-135M-Instruct, autoregressive
+    engine = Engine(draft="default")        # + the shipped DSpine drafter
+    print(engine.generate("Hello!", SamplingParams(max_tokens=64))[0].text)
+"""
+from .engine.engine import Engine, EngineStats
+from .engine.kv_cache import KVCacheFullError
+from .engine.outputs import GenerationResult, RequestOutput, RequestStats
+from .engine.sampling import SamplingParams
+
+__all__ = ["Engine", "EngineStats", "SamplingParams", "GenerationResult", "RequestOutput",
+           "RequestStats", "KVCacheFullError"]
+__version__ = "0.1.0"

@@ -1,0 +1,58 @@
+"""What the engine hands back: per-step deltas, finished results and their statistics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0  # target forwards after the prefill (decode steps or speculative rounds)
+    accepted_drafts: int = 0  # draft tokens accepted over all rounds
+    accepted_by_position: list[int] = field(default_factory=list)  # j -> rounds accepting d_j
+    drafted_rounds: int = 0  # rounds that verified a draft block
+    time_to_first_token: float = 0.0  # seconds from admission to the first new token
+    elapsed: float = 0.0  # seconds from admission to the end
+    seed: int | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens a round commits: accepted drafts + the bonus token (1.0 for plain
+        decoding). Counted as verified, before a stop condition cuts the last round short."""
+        return 1.0 + self.accepted_drafts / self.rounds if self.rounds else 0.0
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items()}
+        d.update(tokens_per_second=self.tokens_per_second, tau=self.tau)
+        return d
+
+
+@dataclass
+class RequestOutput:
+    """One step's news about one request (what `step()` and `stream()` yield)."""
+
+    request_id: str
+    new_text: str
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+    error: str | None = None
+    stats: RequestStats | None = None  # set when finished
+
+
+@dataclass
+class GenerationResult:
+    """A finished request, as `generate()` returns it."""
+
+    request_id: str
+    prompt: str | list
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: RequestStats
+    error: str | None = None

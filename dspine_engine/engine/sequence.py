@@ -1,0 +1,71 @@
+"""The state of one request while the engine works on it."""
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from .detokenizer import IncrementalDetokenizer
+from .kv_cache import SequencePages
+from .outputs import RequestStats
+from .sampling import RequestRNG, SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Tokens, pages and progress of one request.
+
+    Invariant between rounds: the target holds K/V for positions ``0 .. num_cached-1``, the
+    anchor (last token) sits at position ``num_cached``, and the draft's context has the same
+    length once its pending tapped states are ingested."""
+
+    def __init__(self, request_id: str, prompt, prompt_ids: list[int], params: SamplingParams,
+                 detok: IncrementalDetokenizer, eos_ids: set[int]):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_ids = prompt_ids
+        self.output_ids: list[int] = []
+        self.params = params
+        self.rng = RequestRNG(params.seed)
+        self.detok = detok
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
+        self.status = Status.WAITING
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.target_pages: SequencePages | None = None
+        self.draft_pages: SequencePages | None = None
+        self.num_cached = 0
+        self.pending_taps: torch.Tensor | None = None  # draft context awaiting ingestion
+        self.stats = RequestStats(prompt_tokens=len(prompt_ids), seed=self.rng.seed)
+        self.t_admitted = time.perf_counter()
+
+    @property
+    def anchor(self) -> int:
+        return self.output_ids[-1]
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def commit(self, tokens: list[int]) -> list[int]:
+        """Appends tokens up to the first stop condition; returns the ones kept."""
+        kept = []
+        for t in tokens:
+            self.output_ids.append(t)
+            kept.append(t)
+            if t in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            if len(self.output_ids) >= self.params.max_tokens:
+                self.finish_reason = "length"
+                break
+        if self.stats.new_tokens == 0 and kept:
+            self.stats.time_to_first_token = time.perf_counter() - self.t_admitted
+        self.stats.new_tokens = len(self.output_ids)
+        return kept

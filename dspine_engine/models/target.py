@@ -1,0 +1,148 @@
+"""The target model: one implementation of the Llama / Qwen2 / Qwen3 decoder family.
+
+Weights are held as plain tensors in fused layouts (q|k|v and gate|up) so a layer is a handful of
+GEMMs plus our kernels; there is no nn.Module overhead on the decode path. The same forward serves
+prefill (whole prompts), decode (one token per sequence) and verify (a block per sequence): the
+shape is in the AttnMeta, not in the code.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from .attention_meta import AttnMeta
+from .config import ModelConfigError, TargetConfig
+from .weights import WeightStore, checkpoint_files
+
+
+@dataclass
+class TargetLayer:
+    in_norm: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_w: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up_w: torch.Tensor
+    down_w: torch.Tensor
+    window: int
+
+
+class TargetModel:
+    def __init__(self, config: TargetConfig, embed: torch.Tensor, layers: list[TargetLayer],
+                 norm: torch.Tensor, lm_head: torch.Tensor):
+        self.config = config
+        self.embed = embed
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.device = embed.device
+        self.dtype = embed.dtype
+        self.cos_sin = ops.rope_cos_sin(config.head_dim, config.max_position_embeddings,
+                                        config.rope_theta, config.rope_scaling, device=self.device)
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+
+    # ---------------------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, model_dir: Path, device="cpu", dtype=torch.float32,
+             progress: bool = True) -> "TargetModel":
+        model_dir = Path(model_dir)
+        cfg = TargetConfig.from_dir(model_dir)
+        store = WeightStore(checkpoint_files(model_dir), desc="loading target", progress=progress)
+        store.load_all()
+        return cls.from_store(cfg, store, device, dtype)
+
+    @classmethod
+    def from_store(cls, cfg: TargetConfig, store: WeightStore, device, dtype) -> "TargetModel":
+        h, d = cfg.hidden_size, cfg.head_dim
+        q_out, kv_out = cfg.num_heads * d, cfg.num_kv_heads * d
+
+        def get(name, shape):
+            return store.get(name, shape).to(device=device, dtype=dtype).contiguous()
+
+        layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            qkv = torch.cat([get(p + "self_attn.q_proj.weight", (q_out, h)),
+                             get(p + "self_attn.k_proj.weight", (kv_out, h)),
+                             get(p + "self_attn.v_proj.weight", (kv_out, h))])
+            bias = None
+            if cfg.qkv_bias:
+                bias = torch.cat([get(p + f"self_attn.{n}_proj.bias", (o,))
+                                  for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))])
+            layers.append(TargetLayer(
+                in_norm=get(p + "input_layernorm.weight", (h,)),
+                qkv_w=qkv.contiguous(), qkv_b=bias,
+                q_norm=get(p + "self_attn.q_norm.weight", (d,)) if cfg.qk_norm else None,
+                k_norm=get(p + "self_attn.k_norm.weight", (d,)) if cfg.qk_norm else None,
+                o_w=get(p + "self_attn.o_proj.weight", (h, q_out)),
+                post_norm=get(p + "post_attention_layernorm.weight", (h,)),
+                gate_up_w=torch.cat([get(p + "mlp.gate_proj.weight", (cfg.intermediate_size, h)),
+                                     get(p + "mlp.up_proj.weight", (cfg.intermediate_size, h))]),
+                down_w=get(p + "mlp.down_proj.weight", (h, cfg.intermediate_size)),
+                window=cfg.layer_windows[i] if cfg.layer_windows else 0,
+            ))
+        embed = get("model.embed_tokens.weight", (cfg.vocab_size, h))
+        if cfg.tie_word_embeddings or not store.has("lm_head.weight"):
+            if not cfg.tie_word_embeddings:
+                raise ModelConfigError("checkpoint lacks lm_head.weight and embeddings are untied")
+            lm_head = embed
+        else:
+            lm_head = get("lm_head.weight", (cfg.vocab_size, h))
+        return cls(cfg, embed, layers, get("model.norm.weight", (h,)), lm_head)
+
+    # ---------------------------------------------------------------------------- forward
+    def kv_shape(self, num_pages: int, page_size: int) -> tuple[int, int, int, int]:
+        return (num_pages, page_size, self.config.num_kv_heads, self.config.head_dim)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, meta: AttnMeta, k_caches, v_caches,
+                logit_rows: torch.Tensor | None = None, tap_layers: tuple[int, ...] = ()):
+        """Runs the decoder over ``tokens [N]`` and returns ``(logits, taps)``.
+
+        ``logits`` covers ``logit_rows`` (all rows when None); ``taps [N, len(tap_layers)*H]``
+        concatenates the outputs of the requested layers (the draft's context), or is None."""
+        cfg = self.config
+        n = tokens.shape[0]
+        hidden = F.embedding(tokens, self.embed)
+        residual = None
+        taps: dict[int, torch.Tensor] = {}
+        if any(not 0 <= t < cfg.num_layers for t in tap_layers):
+            raise ValueError(f"tap layers {tap_layers} outside 0..{cfg.num_layers - 1}")
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        for i, layer in enumerate(self.layers):
+            if residual is None:
+                x, residual = ops.rms_norm(hidden, layer.in_norm, cfg.rms_norm_eps), hidden
+            else:
+                x, residual = ops.add_rms_norm(hidden, residual, layer.in_norm, cfg.rms_norm_eps)
+            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            q = qkv[:, :q_size].view(n, cfg.num_heads, cfg.head_dim)
+            k = qkv[:, q_size:q_size + kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
+            v = qkv[:, q_size + kv_size:].view(n, cfg.num_kv_heads, cfg.head_dim)
+            if layer.q_norm is not None:
+                q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+                k = ops.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+            q = ops.rope(q, meta.positions, self.cos_sin)
+            ops.write_kv(k, v, meta.positions, self.cos_sin, k_caches[i], v_caches[i], meta.slots)
+            attn = ops.paged_attention(q, k_caches[i], v_caches[i], meta.block_tables,
+                                       meta.kv_lens, meta.cu_q, meta.max_q_len, meta.causal,
+                                       layer.window, self.scale)
+            hidden = F.linear(attn.view(n, q_size), layer.o_w)
+            x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, cfg.rms_norm_eps)
+            gate_up = F.linear(x, layer.gate_up_w)
+            inter = cfg.intermediate_size
+            hidden = F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.down_w)
+            if i in tap_layers:
+                taps[i] = hidden + residual  # the layer's output, before the next norm
+        if logit_rows is not None:
+            hidden, residual = hidden[logit_rows], residual[logit_rows]
+        x, _ = ops.add_rms_norm(hidden, residual, self.norm, cfg.rms_norm_eps)
+        logits = F.linear(x, self.lm_head)
+        tapped = torch.cat([taps[t] for t in tap_layers], dim=-1) if tap_layers else None
+        return logits, tapped
