@@ -55,12 +55,14 @@ _TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_UNUSE
 # Public entry point
 
 
-def convert_gguf(gguf_path, out_dir, dtype=torch.float32, progress: bool = True) -> Path:
+def convert_gguf(gguf_path, out_dir, dtype=torch.float32, progress: bool = True,
+                 sha256: str | None = None) -> Path:
     """Convert a llama-architecture GGUF into an HF-format directory at `out_dir`; return it.
 
     A directory already converted from the same file (same sha256), by the same converter
     version and to the same dtype is reused as is. The directory is built in a temporary sibling
     and renamed into place, so an interrupted conversion never leaves a half-written model.
+    `sha256` may pass the file's digest when the caller has already verified it, to skip hashing.
     """
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir)
@@ -68,7 +70,7 @@ def convert_gguf(gguf_path, out_dir, dtype=torch.float32, progress: bool = True)
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     source = {
-        "gguf_sha256": file_sha256(gguf_path),
+        "gguf_sha256": sha256 or file_sha256(gguf_path),
         "converter_version": CONVERTER_VERSION,
         "dtype": _dtype_name(dtype),
     }
@@ -459,6 +461,11 @@ def _torch_dtype(dtype) -> torch.dtype:
     if chosen not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"unsupported dtype {dtype!r}: use float32, bfloat16 or float16")
     return chosen
+
+
+def dtype_name(dtype) -> str:
+    """'float32', 'bfloat16' or 'float16' for a torch dtype or one of its usual spellings."""
+    return _dtype_name(_torch_dtype(dtype))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
