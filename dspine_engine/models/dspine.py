@@ -13,13 +13,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import save_file
 
 from .. import ops
 from .attention_meta import AttnMeta
 from .config import ModelConfigError
 from .draft_config import DraftConfig
-from .weights import WeightStore, checkpoint_files
+from .weights import WeightStore, checkpoint_files, save_checkpoint
 
 
 class RMSNorm(nn.Module):
@@ -135,14 +134,14 @@ class DSpineDraft(nn.Module):
                 p.copy_(store.get(name, tuple(p.shape)))
         return model.to(device=device, dtype=dtype).eval()
 
-    def save(self, path: Path, dtype=torch.bfloat16) -> None:
+    def save(self, path: Path, dtype=torch.bfloat16, max_shard_bytes: int | None = None) -> None:
+        """Writes config.json and the weights (sharded when larger than ``max_shard_bytes``)."""
         import json
 
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
         tensors = {n: p.detach().to("cpu", dtype).contiguous()
                    for n, p in self.named_parameters()}
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        save_checkpoint(tensors, path, max_shard_bytes)
         (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
 
     # ------------------------------------------------------------------ binding to a target

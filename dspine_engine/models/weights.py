@@ -1,4 +1,5 @@
-"""Reading safetensors checkpoints: one file or shards listed in `model.safetensors.index.json`."""
+"""Reading and writing safetensors checkpoints: one file, or shards listed in
+`model.safetensors.index.json`."""
 from __future__ import annotations
 
 import json
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from .config import ModelConfigError
@@ -75,3 +77,39 @@ class WeightStore:
             raise ModelConfigError(
                 f"tensor {name!r} has shape {tuple(t.shape)}, the config implies {tuple(shape)}")
         return t
+
+
+def save_checkpoint(tensors: dict[str, torch.Tensor], out_dir: Path,
+                    max_shard_bytes: int | None = None) -> list[Path]:
+    """Writes `model.safetensors`, or shards plus `model.safetensors.index.json` when the
+    tensors exceed `max_shard_bytes` (the layout `checkpoint_files` reads). Old weight files in
+    `out_dir` are removed first so a stale shard can never be read with the new ones."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stale = list(out_dir.glob("model*.safetensors")) + [out_dir / "model.safetensors.index.json"]
+    for old in stale:
+        old.unlink(missing_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    if len(shards) == 1:
+        path = out_dir / "model.safetensors"
+        save_file(shards[0], str(path), metadata={"format": "pt"})
+        return [path]
+    paths, weight_map = [], {}
+    for i, shard in enumerate(shards):
+        path = out_dir / f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(path), metadata={"format": "pt"})
+        weight_map.update({name: path.name for name in shard})
+        paths.append(path)
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size()
+                                            for t in tensors.values())},
+             "weight_map": weight_map}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return paths
