@@ -1,0 +1,147 @@
+"""DSpine training losses and the accuracy metrics shown while training.
+
+Every term is a cross-entropy over the full vocabulary through the target's output embedding
+E_out (its lm_head), at block positions j = 1..B-1, weighted by w_j = exp(-(j-1)/gamma): a miss
+at j discards every later draft of the round, so early positions matter most.
+
+- final:      U_j = E_out norm(h_j)
+- transition: U_j + (P[y_{j-1}] * G_j) Q^T with P = E_out W_a^T, Q = E_out W_b^T, G_j = W_h
+              norm(h_j), teacher-forced on the true previous token (y_0 = the anchor). Since
+              (P[y] * G_j) Q^T = E_out (W_b^T (P[y] * G_j)), it costs one vocabulary projection.
+- layers:     sum over layers l of w_l CE(E_out f^l_j, y_j), w_l = layer_weight / L (uniform:
+              every depth should hold usable next-token information for the next injection).
+
+Vocabulary-sized logits are never materialised for the whole batch: rows go through the
+projection and the CE in chunks, each recomputed in backward (activation checkpointing), so peak
+memory is one chunk of logits whatever the batch or vocabulary size.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..models.dspine import DSpineDraft
+from .forward import Blocks, DraftOutputs
+
+
+def default_gamma(block_size: int) -> float:
+    """DFlash's decay: gamma = 7 for B = 16, scaled with the block size otherwise."""
+    return 7.0 * block_size / 16
+
+
+def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor:
+    """w_j = exp(-(j-1)/gamma) for j = 1..B-1."""
+    j = torch.arange(1, block_size, device=device, dtype=torch.float32)
+    return torch.exp(-(j - 1) / gamma)
+
+
+def _ce_rows(vectors, lm_head, targets):
+    logits = F.linear(vectors, lm_head).float()
+    return F.cross_entropy(logits, targets, reduction="none"), logits.argmax(-1)
+
+
+def vocab_cross_entropy(vectors: torch.Tensor, lm_head: torch.Tensor, targets: torch.Tensor,
+                        chunk_rows: int = 4096):
+    """CE(E_out v, y) per row of ``vectors [M, H]`` and the argmax token, in row chunks whose
+    logits are recomputed in backward instead of being kept."""
+    losses, argmax = [], []
+    for i in range(0, vectors.shape[0], chunk_rows):
+        v, y = vectors[i:i + chunk_rows], targets[i:i + chunk_rows]
+        if torch.is_grad_enabled() and v.requires_grad:
+            ce, top = checkpoint(_ce_rows, v, lm_head, y, use_reentrant=False)
+        else:
+            ce, top = _ce_rows(v, lm_head, y)
+        losses.append(ce)
+        argmax.append(top)
+    if not losses:
+        empty = vectors.new_zeros(0, dtype=torch.float32)
+        return empty, targets.new_zeros(0)
+    return torch.cat(losses), torch.cat(argmax)
+
+
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """sum(w v) / sum(w); 0 (with a gradient path) when nothing counts."""
+    return (values * weights).sum() / weights.sum().clamp_min(1e-8)
+
+
+@dataclass
+class LossConfig:
+    gamma: float = 7.0
+    layer_weight: float = 1.0  # total weight of the layer-wise supervision (split evenly)
+    transition_weight: float = 1.0
+    chunk_rows: int = 4096
+
+
+@dataclass
+class LossResult:
+    loss: torch.Tensor  # what backward runs on
+    terms: dict[str, torch.Tensor]  # final / transition / layers, detached (no host sync)
+    correct: torch.Tensor  # [b, n, B-1] argmax U_j == y_j on valid positions
+    valid: torch.Tensor  # [b, n, B-1]
+
+
+def dspine_loss(draft: DSpineDraft, lm_head: torch.Tensor, out: DraftOutputs, blocks: Blocks,
+                cfg: LossConfig) -> LossResult:
+    """The training loss of one batch; terms a draft does not have (a DFlash drafter: no
+    injection, no transition) are simply absent."""
+    valid = blocks.valid
+    w = position_weights(valid.shape[-1] + 1, cfg.gamma, valid.device).expand_as(valid)[valid]
+    targets = blocks.targets[valid]
+    hidden = out.hidden[valid]
+
+    ce, top = vocab_cross_entropy(hidden, lm_head, targets, cfg.chunk_rows)
+    final = weighted_mean(ce, w)
+    loss, terms = final, {"final": final.detach()}
+
+    if draft.transition is not None:
+        tr = draft.transition
+        pred = F.linear(F.embedding(blocks.previous[valid], lm_head), tr.pred.weight)  # P[y_{j-1}]
+        pair = (pred * tr.hidden_proj(hidden)) @ tr.succ.weight  # W_b^T (P[y_{j-1}] * G_j)
+        tce, _ = vocab_cross_entropy(hidden + pair.to(hidden.dtype), lm_head, targets,
+                                     cfg.chunk_rows)
+        transition = weighted_mean(tce, w)
+        loss = loss + cfg.transition_weight * transition
+        terms["transition"] = transition.detach()
+
+    if out.features and cfg.layer_weight > 0:
+        per_layer = [weighted_mean(vocab_cross_entropy(f[valid], lm_head, targets,
+                                                       cfg.chunk_rows)[0], w)
+                     for f in out.features]
+        layers = torch.stack(per_layer).mean()
+        loss = loss + cfg.layer_weight * layers
+        terms["layers"] = layers.detach()
+
+    correct = torch.zeros_like(valid)
+    correct[valid] = top == targets
+    return LossResult(loss, terms, correct, valid)
+
+
+def block_metrics(correct: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Counts behind the accuracy of argmax U_j (j = 1..B-1) and tau, as device tensors so
+    batches add up without a host sync; `summarize_metrics` turns them into numbers.
+
+    ``tau`` = 1 + the mean number of leading correct positions per block: what greedy
+    verification of the argmax drafts would accept in a round (+ the bonus token), given the
+    block's true context."""
+    blocks = valid[..., 0]
+    leading = torch.cumprod(correct.long(), dim=-1).sum(-1)
+    return {"correct_by_pos": correct.sum(dim=(0, 1)), "count_by_pos": valid.sum(dim=(0, 1)),
+            "accepted": leading[blocks].sum(), "blocks": blocks.sum()}
+
+
+def merge_metrics(a: dict | None, b: dict) -> dict:
+    return dict(b) if a is None else {k: a[k] + b[k] for k in b}
+
+
+def summarize_metrics(m: dict) -> dict:
+    """Per-position accuracy, mean accuracy and tau from (summed) `block_metrics` counts."""
+    correct, count = m["correct_by_pos"].tolist(), m["count_by_pos"].tolist()
+    blocks, accepted = int(m["blocks"]), int(m["accepted"])
+    total = sum(count)
+    return {"acc_by_pos": [c / n if n else math.nan for c, n in zip(correct, count)],
+            "acc": sum(correct) / total if total else math.nan,
+            "tau": 1 + accepted / blocks if blocks else math.nan}
