@@ -46,9 +46,9 @@ _GLOBAL_TENSORS = {
     "output.weight": "lm_head.weight",
 }
 
-# llama.cpp token types (tokenizer.ggml.token_type).
-_TOKEN_NORMAL, _TOKEN_UNKNOWN, _TOKEN_CONTROL, _TOKEN_USER_DEFINED, _TOKEN_UNUSED, _TOKEN_BYTE = (
-    1, 2, 3, 4, 5, 6)
+# llama.cpp token types (tokenizer.ggml.token_type) that matter here; 2 is unknown, 5 unused
+# and 6 a byte-fallback piece such as <0x41>.
+_TOKEN_NORMAL, _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 1, 3, 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,6 +296,12 @@ def generation_config(meta: dict) -> dict:
     return config
 
 
+def _adds_bos(meta: dict) -> bool:
+    # Without the flag llama.cpp adds BOS for SentencePiece vocabularies and not for BPE ones.
+    default = meta.get("tokenizer.ggml.model") == "llama"
+    return bool(meta.get("tokenizer.ggml.add_bos_token", default))
+
+
 def tokenizer_config(meta: dict, token_strings: list[str]) -> dict:
     ids = _special_token_ids(meta)
 
@@ -309,7 +315,7 @@ def tokenizer_config(meta: dict, token_strings: list[str]) -> dict:
         "eos_token": token("eos"),
         "pad_token": token("pad"),
         "unk_token": token("unk"),
-        "add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+        "add_bos_token": _adds_bos(meta),
         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
         "model_max_length": int(meta.get("llama.context_length", 2048)),
         "clean_up_tokenization_spaces": False,
@@ -619,7 +625,7 @@ def _set_post_processor(tokenizer, meta: dict, tokens: list[str], byte_level: bo
     from tokenizers import processors
 
     ids = _special_token_ids(meta)
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and "bos" in ids
+    add_bos = _adds_bos(meta) and "bos" in ids
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and "eos" in ids
     steps = [processors.ByteLevel(trim_offsets=False)] if byte_level else []
     if add_bos or add_eos:
