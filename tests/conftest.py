@@ -1,4 +1,38 @@
 import os
 import sys
 
+import pytest
+import torch
+
 sys.path.insert(0, os.path.dirname(__file__))
+
+from tiny_models import write_tiny_model  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """The default model (SmolLM2-135M-Instruct), fetched and converted once into the cache."""
+    from dspine_engine.models.default_model import default_model_dir
+
+    return default_model_dir(progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory, smollm2_dir):
+    return write_tiny_model(tmp_path_factory.mktemp("tiny_llama"), "llama", smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_dir):
+    from dspine_engine import Engine
+
+    return Engine(smollm2_dir, progress=False, max_num_seqs=32)
