@@ -1,0 +1,249 @@
+// Thin torch bindings of the CUDA kernels (all ops but attention, see cuda_attention.cu): argument
+// checks (the same as the CPU bindings), output/workspace allocation through the caching
+// allocator, launch on the current stream. No host reads of device memory: graph-capturable.
+#include "binding.h"
+#include "injection.cuh"
+#include "norm.cuh"
+#include "rope.cuh"
+#include "transition.cuh"
+#include "verify.cuh"
+
+namespace dspine {
+namespace cuda {
+
+static void check_rows(const at::Tensor& x, const at::Tensor& w, const char* name) {
+  TORCH_CHECK(x.is_contiguous(), name, ": input must be contiguous");
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), name, ": weight must match the last dim");
+  TORCH_CHECK(w.scalar_type() == x.scalar_type(), name, ": weight dtype must match the input");
+  TORCH_CHECK(x.size(-1) < INT32_MAX, name, ": rows are too long");
+}
+
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
+  check_device("rms_norm", x_in, weight);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  auto x = x_in.contiguous(), w = weight.contiguous();
+  check_rows(x, w, "rms_norm");
+  auto out = at::empty_like(x);
+  const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+  dispatch_float(x.scalar_type(), "rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    gpu::launch_rms_norm<T>(ptr<T>(x), nullptr, ptr<T>(w), ptr<T>(out), nullptr, rows, static_cast<int>(d),
+                            static_cast<float>(eps), stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at::Tensor& res_in,
+                                                const at::Tensor& weight, double eps) {
+  check_device("add_rms_norm", x_in, res_in, weight);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  auto x = x_in.contiguous(), res = res_in.contiguous(), w = weight.contiguous();
+  check_rows(x, w, "add_rms_norm");
+  TORCH_CHECK(res.sizes() == x.sizes() && res.scalar_type() == x.scalar_type(), "add_rms_norm: residual must match x");
+  auto out = at::empty_like(x), sum = at::empty_like(x);
+  const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+  dispatch_float(x.scalar_type(), "add_rms_norm", [&](auto tag) {
+    using T = decltype(tag);
+    gpu::launch_rms_norm<T>(ptr<T>(x), ptr<T>(res), ptr<T>(w), ptr<T>(out), ptr<T>(sum), rows,
+                            static_cast<int>(d), static_cast<float>(eps), stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, sum};
+}
+
+static void check_rope_table(const at::Tensor& positions, const at::Tensor& cos_sin, int64_t n, int64_t d) {
+  TORCH_CHECK(positions.scalar_type() == at::kInt && positions.numel() == n, "rope: positions must be int32 [tokens]");
+  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.dim() == 2 && cos_sin.size(1) == d &&
+                  cos_sin.is_contiguous(),
+              "rope: cos_sin must be a contiguous fp32 [max_positions, head_dim] table");
+  TORCH_CHECK(d % 2 == 0, "rope: head_dim must be even");
+  TORCH_CHECK(cos_sin.size(0) < INT32_MAX, "rope: cos_sin has too many positions");
+}
+
+// [tokens, heads, d] tensors may be row views of a fused projection: heads and d contiguous.
+static void check_token_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 3, name, ": expected [tokens, heads, head_dim]");
+  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), name, ": heads must be contiguous");
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+  check_device("rope", x, positions, cos_sin);
+  const c10::cuda::CUDAGuard guard(x.device());
+  check_token_rows(x, "rope");
+  check_rope_table(positions, cos_sin, x.size(0), x.size(2));
+  auto out = at::empty(x.sizes(), x.options());
+  auto pos = positions.contiguous();
+  dispatch_float(x.scalar_type(), "rope", [&](auto tag) {
+    using T = decltype(tag);
+    gpu::launch_rope<T>(ptr<T>(x), x.stride(0), ptr<T>(out), pos.data_ptr<int32_t>(), cos_sin.data_ptr<float>(),
+                        static_cast<int>(cos_sin.size(0)), x.size(0), static_cast<int>(x.size(1)),
+                        static_cast<int>(x.size(2)), stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions, const at::Tensor& cos_sin,
+              at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots) {
+  check_device("write_kv", k, v, positions, cos_sin, k_cache, v_cache, slots);
+  const c10::cuda::CUDAGuard guard(k.device());
+  check_token_rows(k, "write_kv");
+  check_token_rows(v, "write_kv");
+  TORCH_CHECK(k.sizes() == v.sizes(), "write_kv: k and v must have the same shape");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes(),
+              "write_kv: caches must be contiguous [pages, page_size, kv_heads, head_dim]");
+  TORCH_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), "write_kv: cache head layout differs from k");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
+              "write_kv: k/v dtype must match the cache");
+  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "write_kv: k and v dtypes differ");
+  TORCH_CHECK(slots.scalar_type() == at::kInt && slots.numel() == k.size(0), "write_kv: slots must be int32 [tokens]");
+  const bool rotate = cos_sin.numel() > 0;
+  if (rotate) check_rope_table(positions, cos_sin, k.size(0), k.size(2));
+  auto pos = positions.contiguous(), sl = slots.contiguous();
+  // Slots past the cache cannot be rejected without reading them on the host; the kernel skips them.
+  const int64_t capacity = k_cache.size(0) * k_cache.size(1);
+  dispatch_float(k.scalar_type(), "write_kv", [&](auto tag) {
+    using T = decltype(tag);
+    gpu::launch_write_kv<T>(ptr<T>(k), k.stride(0), ptr<T>(v), v.stride(0), rotate ? pos.data_ptr<int32_t>() : nullptr,
+                            rotate ? cos_sin.data_ptr<float>() : nullptr, rotate ? static_cast<int>(cos_sin.size(0)) : 0,
+                            ptr<T>(k_cache), ptr<T>(v_cache), sl.data_ptr<int32_t>(), capacity, k.size(0),
+                            static_cast<int>(k.size(1)), static_cast<int>(k.size(2)), stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor fused_injection(const at::Tensor& h_in, const at::Tensor& gate_in, const at::Tensor& fproj_in) {
+  check_device("fused_injection", h_in, gate_in, fproj_in);
+  const c10::cuda::CUDAGuard guard(h_in.device());
+  TORCH_CHECK(h_in.dim() == 3, "fused_injection: h must be [n, block, hidden]");
+  TORCH_CHECK(gate_in.sizes() == h_in.sizes(), "fused_injection: gate_h must match h");
+  TORCH_CHECK(fproj_in.dim() == 3 && fproj_in.size(0) == h_in.size(0) && fproj_in.size(1) == h_in.size(1) &&
+                  fproj_in.size(2) == 2 * h_in.size(2),
+              "fused_injection: fproj must be [n, block, 2*hidden]");
+  TORCH_CHECK(gate_in.scalar_type() == h_in.scalar_type() && fproj_in.scalar_type() == h_in.scalar_type(),
+              "fused_injection: dtypes must match");
+  auto h = h_in.contiguous(), g = gate_in.contiguous(), f = fproj_in.contiguous();
+  auto out = at::empty_like(h);
+  dispatch_float(h.scalar_type(), "fused_injection", [&](auto tag) {
+    using T = decltype(tag);
+    gpu::launch_fused_injection<T>(ptr<T>(h), ptr<T>(g), ptr<T>(f), ptr<T>(out), h.size(0),
+                                   static_cast<int>(h.size(1)), static_cast<int>(h.size(2)), stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+// Rows of V elements can use 16-byte loads when every row starts 16-byte aligned.
+static bool rows_vectorisable(const at::Tensor& t, int64_t row_len) {
+  return gpu::is_aligned16(t.data_ptr()) && (row_len * static_cast<int64_t>(t.element_size())) % 16 == 0;
+}
+
+static int64_t max_dynamic_smem() {
+  return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
+    const at::Tensor& logits_in, const at::Tensor& g_in, const at::Tensor& pred_in, const at::Tensor& succ_in,
+    const at::Tensor& anchor_in, int64_t top_k, const at::Tensor& temp_in, const at::Tensor& u_in) {
+  check_device("transition_walk", logits_in, g_in, pred_in, succ_in, anchor_in, temp_in, u_in);
+  const c10::cuda::CUDAGuard guard(logits_in.device());
+  check_walk_args(logits_in, g_in, pred_in, succ_in, anchor_in, top_k, temp_in, u_in);
+  TORCH_CHECK(top_k <= gpu::kWalkMaxK, "transition_walk: top_k must be <= ", gpu::kWalkMaxK, " on CUDA");
+  auto logits = logits_in.contiguous(), anchor = anchor_in.contiguous(), temp = temp_in.contiguous(),
+       u = u_in.contiguous();
+  const bool use_t = g_in.numel() > 0;
+  auto g = use_t ? g_in.contiguous() : g_in, pred = use_t ? pred_in.contiguous() : pred_in,
+       succ = use_t ? succ_in.contiguous() : succ_in;
+  const int64_t b = logits.size(0), j = logits.size(1), v = logits.size(2);
+  TORCH_CHECK(v < INT32_MAX && b * j < INT32_MAX, "transition_walk: too large");
+  const size_t smem = gpu::walk_smem_bytes(static_cast<int>(j), static_cast<int>(top_k));
+  TORCH_CHECK(static_cast<int64_t>(smem) + 4096 <= max_dynamic_smem(),
+              "transition_walk: J * top_k^2 is too large for shared memory");
+  auto opts = logits.options();
+  auto tokens = at::empty({b, j}, opts.dtype(at::kLong));
+  auto cand_ids = at::empty({b, j, top_k}, opts.dtype(at::kLong));
+  auto cand_probs = at::empty({b, j, top_k}, opts.dtype(at::kFloat));
+  auto cand_vals = at::empty({b, j, top_k}, opts.dtype(at::kFloat));
+  auto arrivals = at::zeros({b}, opts.dtype(at::kInt));
+  gpu::WalkParams p{};
+  p.logits = logits.data_ptr();
+  p.g = use_t ? g.data_ptr() : nullptr;
+  p.pred = use_t ? pred.data_ptr() : nullptr;
+  p.succ = use_t ? succ.data_ptr() : nullptr;
+  p.anchor = anchor.data_ptr<int64_t>();
+  p.temperature = temp.data_ptr<float>();
+  p.uniforms = u.data_ptr<float>();
+  p.tokens = tokens.data_ptr<int64_t>();
+  p.cand_ids = cand_ids.data_ptr<int64_t>();
+  p.cand_probs = cand_probs.data_ptr<float>();
+  p.cand_vals = cand_vals.data_ptr<float>();
+  p.arrivals = arrivals.data_ptr<int>();
+  p.batch = static_cast<int>(b);
+  p.positions = static_cast<int>(j);
+  p.vocab = static_cast<int>(v);
+  p.rank = use_t ? static_cast<int>(g.size(2)) : 0;
+  p.top_k = static_cast<int>(top_k);
+  p.chunk_len = gpu::row_chunk_len(v);
+  p.vec_ok = rows_vectorisable(logits, v);
+  dispatch_float(logits.scalar_type(), "transition_walk", [&](auto tag) {
+    using T = decltype(tag);
+    gpu::launch_transition_walk<T>(p, stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {tokens, cand_ids, cand_probs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify(
+    const at::Tensor& logits_in, const at::Tensor& draft_in, const at::Tensor& cid_in, const at::Tensor& cp_in,
+    const at::Tensor& temp_in, const at::Tensor& tk_in, const at::Tensor& tp_in, const at::Tensor& u_in,
+    const at::Tensor& sl_in) {
+  check_device("block_verify", logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in, sl_in);
+  const c10::cuda::CUDAGuard guard(logits_in.device());
+  check_verify_args(logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in, sl_in);
+  auto logits = logits_in.contiguous(), draft = draft_in.contiguous(), cid = cid_in.contiguous(),
+       cp = cp_in.contiguous(), temp = temp_in.contiguous(), tk = tk_in.contiguous(), tp = tp_in.contiguous(),
+       u = u_in.contiguous(), sl = sl_in.contiguous();
+  const int64_t b = logits.size(0), t = logits.size(1), v = logits.size(2);
+  TORCH_CHECK(v < INT32_MAX && b * t < INT32_MAX && cid.size(2) < INT32_MAX, "block_verify: too large");
+  auto opts = logits.options();
+  auto accept = at::empty({b}, opts.dtype(at::kInt));
+  auto out = at::empty({b, t}, opts.dtype(at::kLong));
+  auto new_lens = at::empty({b}, opts.dtype(at::kInt));
+  static_assert(sizeof(gpu::VerifyRow) == 32, "VerifyRow is read back as two 16-byte words");
+  auto rows = at::empty({b * t, 8}, opts.dtype(at::kInt));
+  auto chunk_mass = at::empty({b * t, 2, gpu::kRowThreads}, opts.dtype(at::kDouble));
+  auto arrivals = at::zeros({b}, opts.dtype(at::kInt));
+  gpu::VerifyParams p{};
+  p.logits = logits.data_ptr();
+  p.draft_tokens = draft.data_ptr<int64_t>();
+  p.cand_ids = cid.data_ptr<int64_t>();
+  p.cand_probs = cp.data_ptr<float>();
+  p.temperature = temp.data_ptr<float>();
+  p.top_k = tk.data_ptr<int32_t>();
+  p.top_p = tp.data_ptr<float>();
+  p.uniforms = u.data_ptr<float>();
+  p.seq_lens = sl.data_ptr<int32_t>();
+  p.accept_len = accept.data_ptr<int32_t>();
+  p.out_tokens = out.data_ptr<int64_t>();
+  p.new_seq_lens = new_lens.data_ptr<int32_t>();
+  p.rows = reinterpret_cast<gpu::VerifyRow*>(rows.data_ptr());
+  p.chunk_mass = chunk_mass.data_ptr<double>();
+  p.arrivals = arrivals.data_ptr<int>();
+  p.batch = static_cast<int>(b);
+  p.block = static_cast<int>(t);
+  p.vocab = static_cast<int>(v);
+  p.cand = static_cast<int>(cid.size(2));
+  p.chunk_len = gpu::row_chunk_len(v);
+  p.vec_ok = rows_vectorisable(logits, v);
+  dispatch_float(logits.scalar_type(), "block_verify", [&](auto tag) {
+    using T = decltype(tag);
+    gpu::launch_block_verify<T>(p, stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {accept, out, new_lens};
+}
+
+}  // namespace cuda
+}  // namespace dspine

@@ -1,0 +1,406 @@
+// Row-wise selection and sampling pieces shared by the transition walk and the block verifier.
+//
+// One CTA (kRowThreads threads) owns one row of V logits. Thread t owns the contiguous chunk
+// [t * chunk_len, (t + 1) * chunk_len) (chunk_len a multiple of 8, so 16-byte loads stay aligned);
+// contiguous chunks make per-thread partial sums prefix sums in vocabulary order, which is what
+// inverse-CDF sampling needs. All loops over a chunk have the same trip count in every thread, so
+// warp-synchronous intrinsics may be used inside them.
+#pragma once
+
+#include <climits>
+
+#include "common.cuh"
+
+namespace dspine {
+namespace gpu {
+
+constexpr int kRowThreads = 256;
+constexpr int kRowWarps = kRowThreads / kWarpSize;
+constexpr int kGroup = 8;  // elements per load
+
+inline int row_chunk_len(int64_t vocab) {
+  return static_cast<int>(round_up(ceil_div(vocab, kRowThreads), kGroup));
+}
+
+// Eight consecutive elements as floats; past the row end they read as -inf.
+template <typename T>
+__device__ __forceinline__ void load_group(const T* row, int i0, int vocab, bool vec_ok, float (&v)[kGroup]) {
+  if (vec_ok && i0 + kGroup <= vocab) {
+    if constexpr (sizeof(T) == 2) {
+      const Pack<T, 8> a = *reinterpret_cast<const Pack<T, 8>*>(row + i0);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = to_float(a.v[e]);
+    } else {
+      const Pack<T, 4> a = *reinterpret_cast<const Pack<T, 4>*>(row + i0);
+      const Pack<T, 4> b = *reinterpret_cast<const Pack<T, 4>*>(row + i0 + 4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[e] = to_float(a.v[e]);
+        v[e + 4] = to_float(b.v[e]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) v[e] = i0 + e < vocab ? to_float(row[i0 + e]) : -INFINITY;
+  }
+}
+
+// f(index, value, valid) for every element slot of this thread's chunk (uniform trip count).
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_in_chunk(const T* row, int vocab, int chunk_len, bool vec_ok, F&& f) {
+  const int begin = threadIdx.x * chunk_len;
+#pragma unroll 2
+  for (int g = 0; g < chunk_len; g += kGroup) {
+    float v[kGroup];
+    load_group(row, begin + g, vocab, vec_ok, v);
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e) f(begin + g + e, v[e], begin + g + e < vocab);
+  }
+}
+
+// ---- orderings -----------------------------------------------------------------------------
+
+// Top-k order: higher score first, ties to the lower id; NaN never ranks.
+__host__ __device__ __forceinline__ bool ranks_before(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+// torch.argmax order: NaN beats everything, then the higher value, ties to the lower id.
+__device__ __forceinline__ bool argmax_before(float va, int ia, float vb, int ib) {
+  const bool na = isnan(va), nb = isnan(vb);
+  if (na != nb) return na;
+  if (na) return ia < ib;
+  return ranks_before(va, ia, vb, ib);
+}
+
+// Butterfly over the warp: every lane ends with the best (value, id) under `before`.
+template <typename Before>
+__device__ __forceinline__ void warp_best(float& v, int& id, Before before) {
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, v, o);
+    const int oi = __shfl_xor_sync(kFullMask, id, o);
+    if (before(ov, oi, v, id)) {
+      v = ov;
+      id = oi;
+    }
+  }
+}
+
+struct BestScratch {
+  float v[kRowWarps];
+  int id[kRowWarps];
+  float best_v;
+  int best_id;
+};
+
+// Best (value, id) of the block under `before`; every thread gets it. Uniform control flow only.
+template <typename Before>
+__device__ void block_best(float& v, int& id, Before before, BestScratch& sh) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  warp_best(v, id, before);
+  __syncthreads();  // sh may still be read by a previous call
+  if (lane == 0) {
+    sh.v[warp] = v;
+    sh.id[warp] = id;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kRowWarps ? sh.v[lane] : -INFINITY;
+    id = lane < kRowWarps ? sh.id[lane] : INT_MAX;
+    warp_best(v, id, before);
+    if (lane == 0) {
+      sh.best_v = v;
+      sh.best_id = id;
+    }
+  }
+  __syncthreads();
+  v = sh.best_v;
+  id = sh.best_id;
+}
+
+// First index of the row's maximum (torch.argmax semantics).
+template <typename T>
+__device__ int block_argmax(const T* row, int vocab, int chunk_len, bool vec_ok, BestScratch& sh) {
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int i, float v, bool valid) {
+    if (valid && argmax_before(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  });
+  block_best(bv, bi, argmax_before, sh);
+  return bi < vocab ? bi : 0;
+}
+
+// ---- per-thread sorted top list + block merge (small k) -------------------------------------
+
+template <int MAXK>
+struct TopList {
+  float v[MAXK];
+  int id[MAXK];
+
+  __host__ __device__ void init() {
+#pragma unroll
+    for (int s = 0; s < MAXK; ++s) {
+      v[s] = -INFINITY;
+      id[s] = INT_MAX;  // empty slots rank after every real element, even -inf ones
+    }
+  }
+
+  // Inserts (x, i) keeping v sorted by ranks_before; unrolled so the list stays in registers.
+  __host__ __device__ void push(float x, int i) {
+    if (!ranks_before(x, i, v[MAXK - 1], id[MAXK - 1])) return;
+#pragma unroll
+    for (int s = MAXK - 1; s > 0; --s) {
+      if (ranks_before(x, i, v[s - 1], id[s - 1])) {  // (x, i) lands above s - 1: shift it down
+        v[s] = v[s - 1];
+        id[s] = id[s - 1];
+      } else if (ranks_before(x, i, v[s], id[s])) {  // lands exactly at s
+        v[s] = x;
+        id[s] = i;
+      }
+    }
+    if (ranks_before(x, i, v[0], id[0])) {
+      v[0] = x;
+      id[0] = i;
+    }
+  }
+
+  __host__ __device__ void pop() {
+#pragma unroll
+    for (int s = 0; s < MAXK - 1; ++s) {
+      v[s] = v[s + 1];
+      id[s] = id[s + 1];
+    }
+    v[MAXK - 1] = -INFINITY;
+    id[MAXK - 1] = INT_MAX;
+  }
+};
+
+// The k (<= MAXK) best elements over all threads' lists, in order, into top_v / top_id (shared).
+// k rounds of a block-wide tournament between the list heads; the winner's owner pops it.
+template <int MAXK>
+__device__ void block_top_k(TopList<MAXK>& list, int k, float* top_v, int* top_id, BestScratch& sh) {
+  for (int c = 0; c < k; ++c) {
+    float v = list.v[0];
+    int id = list.id[0];
+    block_best(v, id, ranks_before, sh);
+    if (threadIdx.x == 0) {
+      top_v[c] = v;
+      top_id[c] = id;
+    }
+    if (list.id[0] == id) list.pop();  // ids are unique, so exactly the owner pops
+  }
+  __syncthreads();
+}
+
+// ---- radix threshold search (any k, and top-p) ----------------------------------------------
+
+// float -> uint32 with the same order; -0 and +0 share a key (they compare equal).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u << 1) == 0) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+struct RadixScratch {
+  unsigned long long hist[2048];
+  int bucket;
+  unsigned long long above;
+};
+
+// hist[bucket] += w summed over the lanes that share `bucket` (< 0: no add): one shared atomic
+// per distinct bucket per warp instead of one per lane (logits cluster in few buckets).
+// Weights are split in 32-bit halves for __reduce_add_sync; a warp's total must stay < 2^52.
+__device__ __forceinline__ void warp_aggregated_add(unsigned long long* hist, int bucket, unsigned long long w) {
+  if (!__any_sync(kFullMask, bucket >= 0)) return;  // later passes: most elements miss the prefix
+  const unsigned peers = __match_any_sync(kFullMask, bucket);
+  const unsigned hi = __reduce_add_sync(peers, static_cast<unsigned>(w >> 20));
+  const unsigned lo = __reduce_add_sync(peers, static_cast<unsigned>(w & 0xfffffu));
+  if (bucket >= 0 && static_cast<int>(threadIdx.x % kWarpSize) == __ffs(peers) - 1)
+    atomicAdd(&hist[bucket], (static_cast<unsigned long long>(hi) << 20) + lo);
+}
+
+// Warp 0: the highest bucket b with above + weight(buckets >= b) >= need (need >= 1), into
+// sh.bucket (-1 if none) and sh.above (weight strictly above b).
+__device__ inline void find_bucket_from_top(RadixScratch& sh, int bins, unsigned long long need,
+                                            unsigned long long above) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int per = bins / kWarpSize;
+  const int top = bins - 1 - lane * per;  // lane scans buckets top, top - 1, ..., top - per + 1
+  unsigned long long mine = 0;
+  for (int i = 0; i < per; ++i) mine += sh.hist[top - i];
+  const unsigned long long incl = warp_inclusive_scan(mine);
+  const unsigned hits = __ballot_sync(kFullMask, above + incl >= need);
+  if (hits == 0) {
+    if (lane == 0) sh.bucket = -1;
+    return;
+  }
+  if (lane != __ffs(hits) - 1) return;
+  unsigned long long cum = above + incl - mine;
+  for (int i = 0; i < per; ++i) {
+    const unsigned long long h = sh.hist[top - i];
+    if (cum + h >= need) {
+      sh.bucket = top - i;
+      sh.above = cum;
+      return;
+    }
+    cum += h;
+  }
+}
+
+// The largest key K with weight(elements whose key >= K) >= need, by three radix passes
+// (11 + 11 + 10 bits) over the row. value(x) maps a logit to the ranked float, weight(v) gives its
+// integer weight (0: ignored). Returns false if the whole row weighs less than need.
+// With weight 1 and need k this is the k-th largest value; with fixed-point probabilities and
+// need = top_p it is the top-p threshold tau. Uniform control flow only.
+template <typename T, typename ValueFn, typename WeightFn>
+__device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
+                                WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
+  uint32_t prefix = 0, prefix_mask = 0;
+  unsigned long long above = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+    const int bins = pass == 2 ? 1024 : 2048;
+    __syncthreads();  // the previous pass (or caller) is done with sh
+    for (int i = threadIdx.x; i < bins; i += blockDim.x) sh.hist[i] = 0;
+    __syncthreads();
+    for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
+      const float v = value(x);
+      const uint32_t key = order_key(v);
+      const unsigned long long w = valid ? weight(v) : 0ull;
+      const bool hit = w != 0 && (key & prefix_mask) == prefix;
+      warp_aggregated_add(sh.hist, hit ? static_cast<int>((key >> shift) & (bins - 1)) : -1, hit ? w : 0ull);
+    });
+    __syncthreads();
+    if (threadIdx.x < kWarpSize) find_bucket_from_top(sh, bins, need, above);
+    __syncthreads();
+    const int bucket = sh.bucket;
+    if (bucket < 0) return false;
+    above = sh.above;
+    prefix |= static_cast<uint32_t>(bucket) << shift;
+    prefix_mask |= static_cast<uint32_t>(bins - 1) << shift;
+  }
+  key_out = prefix;
+  return true;
+}
+
+// ---- the filtered sampling distribution (ops.py:sampling_probs_ref) ---------------------------
+
+// p(x) = softmax(x / t) restricted to x / t >= kth (top-k), then to p >= tau (top-p), renormalised
+// by z2. kth = -inf and tau = 0 / z2 = 1 when a filter is off.
+struct DistStats {
+  float t, m, z1, kth, tau, z2;
+};
+
+__device__ __forceinline__ float prob_before_top_p(const DistStats& st, float x) {
+  const float xs = __fdiv_rn(x, st.t);
+  if (!(xs >= st.kth)) return 0.f;
+  return __fdiv_rn(__expf(xs - st.m), st.z1);
+}
+
+__device__ __forceinline__ float prob(const DistStats& st, float x) {
+  const float p1 = prob_before_top_p(st, x);
+  return p1 >= st.tau ? __fdiv_rn(p1, st.z2) : 0.f;
+}
+
+constexpr double kMassOne = 281474976710656.0;  // 2^48: fixed-point unit of probability mass
+
+struct DistScratch {
+  RadixScratch radix;
+  float fscratch[kRowWarps];
+  double dscratch[kRowWarps];
+  int iscratch[kRowWarps];
+};
+
+struct DistResult {
+  DistStats st;
+  double chunk_mass;  // sum of p over this thread's chunk
+  int kept;           // elements of the whole row that survive the filters (block total)
+};
+
+// Statistics of the row's sampling distribution (multi-pass; one pass when no filter is on).
+template <typename T>
+__device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, bool vec_ok, float t, int top_k,
+                                       float top_p, DistScratch& sh) {
+  DistResult r;
+  r.st = DistStats{t, 0.f, 1.f, -INFINITY, 0.f, 1.f};
+  if (top_k > 0 && top_k < vocab) {
+    uint32_t key;
+    const auto scaled = [t](float x) { return __fdiv_rn(x, t); };
+    const auto count = [](float v) { return isnan(v) ? 0ull : 1ull; };
+    if (radix_threshold(row, vocab, chunk_len, vec_ok, scaled, count, static_cast<unsigned long long>(top_k),
+                        sh.radix, key))
+      r.st.kth = key_value(key);
+  }
+  // Online softmax over the chunk: running max and sum of exp relative to it.
+  const float kth = r.st.kth;
+  float m_t = -INFINITY, e_t = 0.f;
+  int kept = 0;
+  for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
+    const float xs = __fdiv_rn(x, t);
+    if (!valid || !(xs >= kth)) return;
+    ++kept;
+    if (xs > m_t) {
+      e_t = e_t * __expf(m_t - xs) + 1.f;
+      m_t = xs;
+    } else {
+      e_t += __expf(xs - m_t);
+    }
+  });
+  r.st.m = block_max(m_t, sh.fscratch);
+  const double e_scaled = m_t == -INFINITY ? 0.0 : static_cast<double>(e_t) * __expf(m_t - r.st.m);
+  r.st.z1 = static_cast<float>(block_sum(e_scaled, sh.dscratch));
+  r.chunk_mass = e_scaled / r.st.z1;
+  if (top_p < 1.f) {
+    uint32_t key;
+    const DistStats st = r.st;
+    const auto p1 = [st](float x) { return prob_before_top_p(st, x); };
+    const auto mass = [](float v) { return __double2ull_rn(static_cast<double>(v) * kMassOne); };
+    double need = ceil(static_cast<double>(top_p) * kMassOne);
+    if (need < 1.0) need = 1.0;
+    if (radix_threshold(row, vocab, chunk_len, vec_ok, p1, mass, static_cast<unsigned long long>(need), sh.radix,
+                        key))
+      r.st.tau = key_value(key);
+    const float tau = r.st.tau;
+    double kept_mass = 0.0;
+    kept = 0;
+    for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
+      const float v = valid ? prob_before_top_p(st, x) : 0.f;
+      if (v > 0.f && v >= tau) {
+        kept_mass += v;
+        ++kept;
+      }
+    });
+    r.st.z2 = static_cast<float>(block_sum(kept_mass, sh.dscratch));
+    r.chunk_mass = kept_mass / r.st.z2;
+  }
+  r.kept = block_sum(kept, sh.iscratch);
+  return r;
+}
+
+// Inverse-CDF pick over n weights (ops.py:_sample_index): first index whose cumulative weight
+// exceeds u * total, never a zero-weight index. Serial: for the K candidates of one position.
+__device__ inline int sample_index(const float* w, int n, float u) {
+  double total = 0.0;
+  for (int i = 0; i < n; ++i) total += w[i];
+  const double target = static_cast<double>(u) * total;
+  double cum = 0.0;
+  int last_pos = -1;
+  for (int i = 0; i < n; ++i) {
+    if (w[i] <= 0.f) continue;
+    cum += w[i];
+    last_pos = i;
+    if (cum > target) return i;
+  }
+  return last_pos < 0 ? 0 : last_pos;
+}
+
+}  // namespace gpu
+}  // namespace dspine

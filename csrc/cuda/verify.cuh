@@ -1,0 +1,276 @@
+// Block verify with first-mismatch truncation (CUDA), one launch for the whole batch.
+// Semantics: dspine_engine/ops.py:block_verify.
+//
+// grid = batch * T CTAs, one per (sequence, block row) of target logits, all rows in parallel:
+// - greedy rows (temperature 0): the row's argmax (first maximal id) in one pass; accept iff the
+//   draft equals it.
+// - sampled rows: the statistics of p_j = softmax(x / T) with tie-inclusive top-k / top-p
+//   (thresholds found by radix passes over the row, no sort), p_j(d_j), the accept test
+//   u_j * q_j(d_j) < p_j(d_j), and per-chunk masses of p_j and of the residual max(0, p_j - q_j)
+//   (q is sparse: the residual differs from p only at the K candidates).
+// The last CTA of a sequence (atomic arrival counter) finds the first rejected row n, then the
+// bonus: the argmax of row n, or an inverse-CDF sample of row n (residual at a rejection, p after
+// a full accept): a block scan over the chunk masses picks the chunk, a warp scan inside it picks
+// the token. Cumulative sums are in fp64; a pick may differ from the sequential reference only
+// where u sits within rounding of a boundary.
+#pragma once
+
+#include "sampling.cuh"
+
+namespace dspine {
+namespace gpu {
+
+// Per-row result handed to the sequence's last CTA (32 bytes, read back with one cache-global load).
+struct alignas(16) VerifyRow {
+  DistStats st;
+  int argmax;
+  int flags;
+};
+constexpr int kRowAccepted = 1;
+constexpr int kRowResidualPositive = 2;
+
+struct VerifyParams {
+  const void* logits;  // [batch, T, V]
+  const int64_t* draft_tokens;  // [batch, T-1]
+  const int64_t* cand_ids;      // [batch, T-1, K]
+  const float* cand_probs;      // [batch, T-1, K]
+  const float* temperature;
+  const int32_t* top_k;
+  const float* top_p;
+  const float* uniforms;  // [batch, T]
+  const int32_t* seq_lens;
+  int32_t* accept_len;     // [batch]
+  int64_t* out_tokens;     // [batch, T]
+  int32_t* new_seq_lens;   // [batch]
+  VerifyRow* rows;         // workspace [batch * T]
+  double* chunk_mass;      // workspace [batch * T][2][kRowThreads]: p, then the residual
+  int* arrivals;           // [batch], zero before the launch
+  int batch, block, vocab, cand, chunk_len;
+  bool vec_ok;
+};
+
+struct VerifyScratch {
+  DistScratch dist;
+  BestScratch best;
+  double chunk_corr[kRowThreads];
+  double total;
+  int chunk;
+  double base;
+  int n;
+  int pick;
+  int cand_kept;   // distinct candidates with p > 0
+  int cand_resid;  // some candidate keeps residual mass
+};
+
+// q(x): the draft's probability of token x (sum over duplicate candidates, in order).
+__device__ __forceinline__ float draft_prob(const int64_t* ids, const float* qs, int k, int64_t x) {
+  float q = 0.f;
+  for (int c = 0; c < k; ++c)
+    if (ids[c] == x) q += qs[c];
+  return q;
+}
+
+// Sampled row: distribution stats, accept test and the chunk masses of p and of the residual.
+template <typename T>
+__device__ void verify_sampled_row(const VerifyParams& p, int b, int j, const T* x, VerifyScratch& sh) {
+  const int row = b * p.block + j;
+  const DistResult dist = row_distribution(x, p.vocab, p.chunk_len, p.vec_ok, p.temperature[b], p.top_k[b],
+                                           p.top_p[b], sh.dist);
+  const bool has_draft = j < p.block - 1;
+  const int64_t* ids = p.cand_ids + (static_cast<int64_t>(b) * (p.block - 1) + j) * p.cand;
+  const float* qs = p.cand_probs + (static_cast<int64_t>(b) * (p.block - 1) + j) * p.cand;
+
+  // Residual max(0, p - q) = p except at distinct candidates, where min(p, q) is removed.
+  if (threadIdx.x == 0) {
+    sh.cand_kept = 0;
+    sh.cand_resid = 0;
+  }
+  sh.chunk_corr[threadIdx.x] = 0.0;
+  __syncthreads();
+  for (int c = threadIdx.x; has_draft && c < p.cand; c += blockDim.x) {
+    const int64_t id = ids[c];
+    bool repeat = false;
+    for (int c2 = 0; c2 < c; ++c2) repeat |= ids[c2] == id;
+    if (repeat || id < 0 || id >= p.vocab) continue;
+    const float px = prob(dist.st, to_float(x[id]));
+    const float resid = fmaxf(0.f, px - draft_prob(ids, qs, p.cand, id));
+    if (px > 0.f) atomicAdd(&sh.cand_kept, 1);
+    if (resid > 0.f) sh.cand_resid = 1;
+    atomicAdd(&sh.chunk_corr[id / p.chunk_len], static_cast<double>(px) - resid);
+  }
+  __syncthreads();
+  double* mass = p.chunk_mass + static_cast<int64_t>(row) * 2 * kRowThreads;
+  mass[threadIdx.x] = dist.chunk_mass;
+  mass[kRowThreads + threadIdx.x] = dist.chunk_mass - sh.chunk_corr[threadIdx.x];
+  if (threadIdx.x == 0) {
+    VerifyRow info{dist.st, 0, 0};
+    if (has_draft) {
+      const int64_t d = p.draft_tokens[static_cast<int64_t>(b) * (p.block - 1) + j];
+      const float pd = d >= 0 && d < p.vocab ? prob(dist.st, to_float(x[d])) : 0.f;
+      const float qd = draft_prob(ids, qs, p.cand, d);
+      const double u = p.uniforms[row];
+      if (u * qd < static_cast<double>(pd)) info.flags |= kRowAccepted;
+      // The residual is empty only if every token with p > 0 is a candidate with q >= p.
+      if (sh.cand_resid || dist.kept > sh.cand_kept) info.flags |= kRowResidualPositive;
+    }
+    p.rows[row] = info;
+  }
+}
+
+template <typename T>
+__device__ void verify_greedy_row(const VerifyParams& p, int b, int j, const T* x, VerifyScratch& sh) {
+  const int am = block_argmax(x, p.vocab, p.chunk_len, p.vec_ok, sh.best);
+  if (threadIdx.x == 0) {
+    VerifyRow info{DistStats{0.f, 0.f, 1.f, -INFINITY, 0.f, 1.f}, am, 0};
+    if (j < p.block - 1 && p.draft_tokens[static_cast<int64_t>(b) * (p.block - 1) + j] == am)
+      info.flags = kRowAccepted;
+    p.rows[b * p.block + j] = info;
+  }
+}
+
+__device__ __forceinline__ VerifyRow load_row(const VerifyRow* r) {
+  VerifyRow out;
+  const int4* src = reinterpret_cast<const int4*>(r);
+  int4* dst = reinterpret_cast<int4*>(&out);
+  dst[0] = __ldcg(src);  // written by other CTAs of the launch: read through L2
+  dst[1] = __ldcg(src + 1);
+  return out;
+}
+
+// Value of token i in the distribution being sampled: p, or the residual max(0, p - q).
+template <typename T>
+__device__ __forceinline__ float sample_weight(const T* x, int i, const DistStats& st, const int64_t* ids,
+                                               const float* qs, int k, bool residual) {
+  const float px = prob(st, to_float(x[i]));
+  return residual ? fmaxf(0.f, px - draft_prob(ids, qs, k, i)) : px;
+}
+
+// Warp 0: inverse-CDF pick inside `chunk`, starting at cumulative mass `base`; the last token of
+// positive weight in the chunk when rounding leaves target out of reach. Returns -1 if none.
+template <typename T>
+__device__ int pick_in_chunk(const T* x, int vocab, int chunk_len, int chunk, double base, double target,
+                             const DistStats& st, const int64_t* ids, const float* qs, int k, bool residual) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int begin = chunk * chunk_len, end = min(vocab, begin + chunk_len);
+  const int per = (chunk_len + kWarpSize - 1) / kWarpSize;
+  const int lo = min(end, begin + lane * per), hi = min(end, lo + per);
+  double mine = 0.0;
+  int last_pos = -1;
+  for (int i = lo; i < hi; ++i) {
+    const float w = sample_weight(x, i, st, ids, qs, k, residual);
+    mine += w;
+    if (w > 0.f) last_pos = i;
+  }
+  const double incl = warp_inclusive_scan(mine);
+  const unsigned hits = __ballot_sync(kFullMask, base + incl > target);
+  int pick = -1;
+  if (hits != 0 && lane == __ffs(hits) - 1) {
+    double cum = base + incl - mine;
+    for (int i = lo; i < hi && pick < 0; ++i) {
+      const float w = sample_weight(x, i, st, ids, qs, k, residual);
+      cum += w;
+      if (w > 0.f && cum > target) pick = i;
+    }
+    if (pick < 0) pick = last_pos;  // the element sums fell short of the chunk sum by rounding
+  }
+  if (hits == 0) pick = last_pos;
+  // Broadcast: the hit lane's pick, else the highest lane's last positive token.
+#pragma unroll
+  for (int o = kWarpSize / 2; o > 0; o >>= 1) pick = max(pick, __shfl_xor_sync(kFullMask, pick, o));
+  return pick;
+}
+
+// Block-wide inverse-CDF sample of row `row` over its precomputed chunk masses; -1 if no mass.
+template <typename T>
+__device__ int sample_row(const VerifyParams& p, int row, const DistStats& st, const int64_t* ids,
+                          const float* qs, bool residual, float u, VerifyScratch& sh) {
+  const T* x = static_cast<const T*>(p.logits) + static_cast<int64_t>(row) * p.vocab;
+  const double* mass = p.chunk_mass + (static_cast<int64_t>(row) * 2 + (residual ? 1 : 0)) * kRowThreads;
+  const double mine = fmax(0.0, __ldcg(mass + threadIdx.x));
+  const double incl = block_inclusive_scan(mine, sh.dist.dscratch);
+  if (threadIdx.x == kRowThreads - 1) sh.total = incl;
+  if (threadIdx.x == 0) sh.chunk = INT_MAX;
+  __syncthreads();
+  const double target = static_cast<double>(u) * sh.total;
+  if (incl > target) atomicMin(&sh.chunk, static_cast<int>(threadIdx.x));
+  __syncthreads();
+  bool found = sh.chunk != INT_MAX;
+  if (!found) {  // rounding put the target past the last chunk: take the last chunk with mass
+    __syncthreads();
+    if (threadIdx.x == 0) sh.chunk = -1;
+    __syncthreads();
+    if (mine > 0.0) atomicMax(&sh.chunk, static_cast<int>(threadIdx.x));
+    __syncthreads();
+    if (sh.chunk < 0) return -1;
+  }
+  if (static_cast<int>(threadIdx.x) == sh.chunk) sh.base = incl - mine;
+  __syncthreads();
+  if (threadIdx.x < kWarpSize) {
+    const int pick = pick_in_chunk(x, p.vocab, p.chunk_len, sh.chunk, sh.base, found ? target : INFINITY, st, ids,
+                                   qs, p.cand, residual);
+    if (threadIdx.x == 0) sh.pick = pick;
+  }
+  __syncthreads();
+  return sh.pick;
+}
+
+// The bonus token of a sampled sequence whose first rejected row is n.
+template <typename T>
+__device__ int64_t sample_bonus(const VerifyParams& p, int b, int n, VerifyScratch& sh) {
+  const int row = b * p.block + n;
+  const VerifyRow info = load_row(p.rows + row);
+  const bool residual = n < p.block - 1 && (info.flags & kRowResidualPositive);
+  const int64_t* ids = p.cand_ids + (static_cast<int64_t>(b) * (p.block - 1) + n) * p.cand;
+  const float* qs = p.cand_probs + (static_cast<int64_t>(b) * (p.block - 1) + n) * p.cand;
+  const float u = p.uniforms[static_cast<int64_t>(b) * p.block + p.block - 1];
+  int pick = sample_row<T>(p, row, info.st, ids, qs, residual, u, sh);
+  if (pick < 0 && residual) pick = sample_row<T>(p, row, info.st, ids, qs, false, u, sh);
+  return pick < 0 ? 0 : pick;
+}
+
+// Run by the last CTA of sequence b: accept length, bonus, outputs.
+template <typename T>
+__device__ void finish_sequence(const VerifyParams& p, int b, VerifyScratch& sh) {
+  if (threadIdx.x == 0) sh.n = p.block - 1;
+  __syncthreads();
+  for (int j = threadIdx.x; j < p.block - 1; j += blockDim.x)
+    if (!(load_row(p.rows + b * p.block + j).flags & kRowAccepted)) atomicMin(&sh.n, j);  // first rejection
+  __syncthreads();
+  const int n = sh.n;
+  int64_t bonus;
+  if (p.temperature[b] > 0.f) {
+    bonus = sample_bonus<T>(p, b, n, sh);
+  } else {
+    bonus = load_row(p.rows + b * p.block + n).argmax;
+  }
+  const int64_t* draft = p.draft_tokens + static_cast<int64_t>(b) * (p.block - 1);
+  int64_t* out = p.out_tokens + static_cast<int64_t>(b) * p.block;
+  for (int j = threadIdx.x; j < p.block; j += blockDim.x) out[j] = j < n ? draft[j] : (j == n ? bonus : -1);
+  if (threadIdx.x == 0) {
+    p.accept_len[b] = n;
+    p.new_seq_lens[b] = p.seq_lens[b] + n + 1;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads) block_verify_kernel(const VerifyParams p) {
+  __shared__ VerifyScratch sh;
+  const int row = blockIdx.x, b = row / p.block, j = row % p.block;
+  const T* x = static_cast<const T*>(p.logits) + static_cast<int64_t>(row) * p.vocab;
+  if (p.temperature[b] > 0.f) {
+    verify_sampled_row(p, b, j, x, sh);
+  } else {
+    verify_greedy_row(p, b, j, x, sh);
+  }
+  if (!arrive_last(&p.arrivals[b], p.block)) return;
+  finish_sequence<T>(p, b, sh);
+}
+
+template <typename T>
+void launch_block_verify(const VerifyParams& p, cudaStream_t stream) {
+  if (p.batch == 0) return;
+  block_verify_kernel<T><<<static_cast<unsigned>(p.batch * p.block), kRowThreads, 0, stream>>>(p);
+}
+
+}  // namespace gpu
+}  // namespace dspine
