@@ -111,3 +111,307 @@ def test_training_forward_matches_inference(tiny_target, window, injection):
                 * (got @ tr.hidden_proj.weight.T)) @ tr.succ.weight
         torch.testing.assert_close((got + pair) @ tiny_target.lm_head.T, expect, atol=1e-4,
                                    rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- losses and masks
+@pytest.fixture(scope="module")
+def small_vocab_target(tmp_path_factory, smollm2_dir):
+    """A tiny target with a 512-token vocabulary and larger embeddings (so a draft can reach
+    confident logits in a few steps); used where no tokenizer is needed."""
+    from tiny_models import write_tiny_model
+
+    path = write_tiny_model(tmp_path_factory.mktemp("tiny512"), "llama", smollm2_dir,
+                            vocab_size=512, initializer_range=0.2)
+    return TargetModel.load(path, progress=False)
+
+
+def test_position_weights_and_default_gamma():
+    from dspine_engine.train.losses import default_gamma
+
+    assert default_gamma(16) == 7.0
+    w = position_weights(16, 7.0)
+    assert w.shape == (15,) and w[0] == 1.0
+    torch.testing.assert_close(w[7], torch.tensor(math.exp(-1.0)))
+    torch.testing.assert_close(w[1:] / w[:-1], torch.full((14,), math.exp(-1 / 7)))
+    values, weights = torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 0.5, 0.25])
+    assert weighted_mean(values, weights) == pytest.approx((1 + 1 + 1) / 1.75)
+
+
+def test_sample_anchors_stay_inside_the_response():
+    lengths, starts = torch.tensor([30, 12, 9]), torch.tensor([10, 3, 7])
+    anchors, keep = sample_anchors(lengths, starts, 6, 30, torch.Generator().manual_seed(0))
+    assert anchors.shape == (3, 6)
+    assert keep.sum(1).tolist() == [6, 6, 1]  # the last sequence has one anchor: 7 (= 9 - 2)
+    for a, k, n, s in zip(anchors, keep, lengths, starts):
+        kept = a[k].tolist()
+        assert len(set(kept)) == len(kept) and all(s <= x <= n - 2 for x in kept)
+    assert anchors[2][keep[2]].tolist() == [7]
+
+
+def test_block_mask_small_case():
+    tokens = torch.arange(1, 11)[None]
+    blocks = make_blocks(tokens, torch.tensor([10]), torch.tensor([[2, 5]]),
+                         torch.tensor([[True, True]]), 3)
+    assert blocks.positions.tolist() == [[[2, 3, 4], [5, 6, 7]]]
+    assert blocks.valid.tolist() == [[[True, True], [True, True]]]
+    mask = block_attention_mask(blocks, 10, window=4)[0, 0].int()
+    # Query at position 3 (block at 2): context keys 0, 1 (t < 2, 3 - t < 4), its own block.
+    assert mask[1].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 0, 0] + [1, 1, 1, 0, 0, 0]
+    # Query at position 7 (block at 5): context keys 4 only (7 - t < 4 and t < 5).
+    assert mask[5].tolist() == [0, 0, 0, 0, 1, 0, 0, 0, 0, 0] + [0, 0, 0, 1, 1, 1]
+    short = make_blocks(tokens, torch.tensor([7]), torch.tensor([[5]]), torch.tensor([[True]]),
+                        3)
+    assert short.valid.tolist() == [[[True, False]]] and short.tokens.tolist() == [[[6, 7, 0]]]
+
+
+def _loss_setup(target, lengths=(30, 14), seed=0, **draft_kw):
+    draft = _draft(target, **draft_kw)
+    tokens, lens, taps = _batch(target, list(lengths), seed)
+    anchors, keep = sample_anchors(lens, torch.tensor([4, 4]), 5, tokens.shape[1],
+                                   torch.Generator().manual_seed(seed))
+    anchors[1, 0], keep[1, 0] = 11, True  # a block running past the end of sequence 1
+    return draft, tokens, lens, taps, make_blocks(tokens, lens, anchors, keep, BLOCK)
+
+
+def _naive_loss(draft, lm_head, out, blocks, gamma, layer_weight):
+    """All three terms with full logits and no chunking: the definition."""
+    w = position_weights(BLOCK, gamma).expand_as(blocks.valid)
+    mask = blocks.valid.float() * w
+
+    def ce(logits):
+        per = torch.nn.functional.cross_entropy(logits.flatten(0, 2), blocks.targets.flatten(),
+                                                reduction="none").view(mask.shape)
+        return (per * mask).sum() / mask.sum()
+
+    u = out.hidden @ lm_head.T
+    tr = draft.transition
+    p_table, q_table = lm_head @ tr.pred.weight.T, lm_head @ tr.succ.weight.T
+    bilinear = (p_table[blocks.previous] * tr.hidden_proj(out.hidden)) @ q_table.T
+    layers = torch.stack([ce(f @ lm_head.T) for f in out.features]).mean()
+    return ce(u) + ce(u + bilinear) + layer_weight * layers
+
+
+def test_loss_matches_definition_and_chunking(small_vocab_target):
+    target = small_vocab_target
+    draft, tokens, lens, taps, blocks = _loss_setup(target)
+    fwd = TrainingForward(draft, target.embed, target.lm_head)
+    expect = _naive_loss(draft, target.lm_head, fwd(taps, blocks), blocks, 7.0, 0.5)
+    grads = []
+    for chunk in (7, 100000):
+        draft.zero_grad()
+        res = dspine_loss(draft, target.lm_head, fwd(taps, blocks), blocks,
+                          LossConfig(gamma=7.0, layer_weight=0.5, chunk_rows=chunk))
+        torch.testing.assert_close(res.loss, expect)
+        res.loss.backward()
+        grads.append([p.grad.clone() for p in draft.parameters()])
+    for a, b in zip(*grads):  # checkpointed chunks give the same gradients
+        torch.testing.assert_close(a, b)
+    assert set(res.terms) == {"final", "transition", "layers"}
+
+
+def test_positions_past_the_end_are_ignored(small_vocab_target):
+    target = small_vocab_target
+    draft, tokens, lens, taps, blocks = _loss_setup(target)
+    assert not blocks.valid[1, 0, 2:].any() and blocks.valid[1, 0, :2].all()
+    fwd = TrainingForward(draft, target.embed, target.lm_head)
+    res = dspine_loss(draft, target.lm_head, fwd(taps, blocks), blocks, LossConfig())
+    # Garbage past each sequence's end (tokens and tapped states) changes nothing.
+    noisy_tokens, noisy_taps = tokens.clone(), taps.clone()
+    for i, n in enumerate(lens.tolist()):
+        noisy_tokens[i, n:] = torch.randint(3, 500, (tokens.shape[1] - n,))
+        noisy_taps[i, n:] = torch.randn_like(noisy_taps[i, n:])
+    noisy_blocks = make_blocks(noisy_tokens, lens, blocks.anchors, blocks.keep, BLOCK)
+    res2 = dspine_loss(draft, target.lm_head, fwd(noisy_taps, noisy_blocks), noisy_blocks,
+                       LossConfig())
+    torch.testing.assert_close(res.loss, res2.loss)
+    m = summarize_metrics(block_metrics(res.correct, res.valid))
+    assert len(m["acc_by_pos"]) == BLOCK - 1 and 1.0 <= m["tau"] <= BLOCK
+
+
+def test_vocab_cross_entropy_empty_and_dflash_terms(small_vocab_target):
+    target = small_vocab_target
+    ce, top = vocab_cross_entropy(torch.zeros(0, 64), target.lm_head, torch.zeros(0).long())
+    assert ce.shape == (0,) and top.shape == (0,)
+    draft, tokens, lens, taps, blocks = _loss_setup(target, injection=False, transition=False)
+    fwd = TrainingForward(draft, target.embed, target.lm_head)
+    res = dspine_loss(draft, target.lm_head, fwd(taps, blocks), blocks, LossConfig())
+    assert set(res.terms) == {"final"}
+
+
+# --------------------------------------------------------------------------- learning
+def test_a_few_dozen_steps_learn_a_repetitive_dataset(small_vocab_target, tmp_path):
+    from dspine_engine.train import SequenceData, TrainConfig, Trainer
+
+    target = small_vocab_target
+    pattern = [100 + 37 * i for i in range(7)]
+    records = [{"prompt_ids": [1, 90, 198, 100 + i],
+                "response_ids": [pattern[(i + k) % 7] for k in range(40)]} for i in range(16)]
+    cfg = new_draft_config(target.config, layers=1, block_size=BLOCK, rank=16, target_layers=[2])
+    draft = DSpineDraft(cfg).init_weights(seed=0)
+    tc = TrainConfig(steps=30, batch_size=4, lr=3e-3, warmup=3, blocks_per_seq=4,
+                     save_every=1000, eval_batches=0)
+    trainer = Trainer(target, draft, SequenceData(records, 256), None, tc, tmp_path)
+    losses, accs = [], []
+    for _ in range(30):
+        terms, counts = trainer.train_step()
+        losses.append(float(terms["final"]))
+        accs.append(summarize_metrics(counts)["acc"])
+    assert sum(losses[-5:]) / 5 < 0.35 * sum(losses[:3]) / 3, losses
+    assert sum(accs[-5:]) / 5 > 0.5, accs
+
+
+# --------------------------------------------------------------------------- the CLI end to end
+FIT_ARGS = ["--layers", "2", "--target-layers", "0,2", "--block-size", str(BLOCK), "--rank", "16",
+            "--batch-size", "2", "--blocks-per-seq", "3", "--max-len", "64", "--eval-batches", "1",
+            "--log-every", "1", "--quiet"]
+
+
+def _cli(*argv):
+    from dspine_engine.cli.train import main
+
+    assert main([str(a) for a in argv]) == 0
+
+
+@pytest.fixture(scope="module")
+def self_generated(tiny_llama, tmp_path_factory):
+    """`dspine-train data` with self-generation on the tiny target (which never ends a user turn
+    by itself, hence --keep-truncated)."""
+    out = tmp_path_factory.mktemp("data") / "data.jsonl"
+    _cli("data", "--target", tiny_llama, "--out", out, "--num", 5, "--user-max-tokens", 6,
+         "--max-new-tokens", 24, "--keep-truncated", "--quiet")
+    return out
+
+
+def test_data_self_generation_and_resume(self_generated, tiny_llama, tmp_path):
+    from dspine_engine.models.tokenizer import Tokenizer
+    from dspine_engine.train.data import read_samples, user_turn_prefix
+
+    records = read_samples(self_generated)
+    assert len(records) == 5 and [r["index"] for r in records] == list(range(5))
+    tok = Tokenizer(tiny_llama)
+    prefix, end_of_turn = user_turn_prefix(tok)
+    assert tok.decode([end_of_turn], skip_special_tokens=False) == "<|im_end|>"
+    assert tok.decode(prefix, skip_special_tokens=False).endswith("<|im_start|>user\n")
+    for r in records:
+        assert r["prompt_ids"] == tok.encode_chat([{"role": "user", "content": r["user"]}])
+        assert 2 <= len(r["response_ids"]) <= 24
+    # Running again with a larger --num continues the file instead of starting over.
+    copy = tmp_path / "data.jsonl"
+    copy.write_text(self_generated.read_text() + '{"index": 9, "prompt_')  # a torn last line
+    _cli("data", "--target", tiny_llama, "--out", copy, "--num", 6, "--user-max-tokens", 6,
+         "--max-new-tokens", 8, "--keep-truncated", "--quiet")
+    more = read_samples(copy)
+    assert len(more) == 6 and more[:5] == records and more[5]["index"] == 5
+
+
+def test_data_from_prompts_file(tiny_llama, tmp_path):
+    from dspine_engine.models.tokenizer import Tokenizer
+    from dspine_engine.train.data import read_samples
+
+    prompts = tmp_path / "prompts.jsonl"
+    chat = [{"from": "human", "value": "Hi!"}, {"from": "gpt", "value": "Hello."},
+            {"from": "human", "value": "Name a colour."}, {"from": "gpt", "value": "Red."}]
+    prompts.write_text(json.dumps({"prompt": "Say something."}) + "\n" +
+                       json.dumps({"conversations": chat}) + "\n")
+    out = tmp_path / "data.jsonl"
+    _cli("data", "--target", tiny_llama, "--prompts", prompts, "--out", out,
+         "--max-new-tokens", 6, "--quiet")
+    tok = Tokenizer(tiny_llama)
+    records = read_samples(out)
+    assert records[0]["prompt_ids"] == tok.encode_chat([{"role": "user",
+                                                         "content": "Say something."}])
+    expect = [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."},
+              {"role": "user", "content": "Name a colour."}]
+    assert records[1]["prompt_ids"] == tok.encode_chat(expect)
+
+
+def _state(run):
+    from safetensors.torch import load_file
+
+    from dspine_engine.models.weights import checkpoint_files
+
+    tensors = {}
+    for f in checkpoint_files(run / "train_state"):
+        tensors.update(load_file(f))
+    return json.loads((run / "train_state" / "state.json").read_text()), tensors
+
+
+def test_fit_resume_and_engine(self_generated, tiny_llama, tmp_path, monkeypatch):
+    from dspine_engine import Engine, SamplingParams
+    from dspine_engine.train import trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod, "SHARD_BYTES", 64 * 1024)  # exercise sharded files
+    args = ["fit", "--target", tiny_llama, "--data", self_generated, "--steps", 4, *FIT_ARGS]
+    straight = tmp_path / "straight"
+    _cli(*args, "--out", straight)
+
+    # The same run, interrupted after step 2 (it saves on the way out) and resumed.
+    original = trainer_mod.Trainer.train_step
+
+    def interrupting(self):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return original(self)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        _cli(*args, "--out", run)
+    assert _state(run)[0]["step"] == 2
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", original)
+    _cli(*args, "--out", run, "--resume")
+    state, tensors = _state(run)
+    assert state["step"] == 4
+    logged = [json.loads(line)["step"] for line in (run / "train_log.jsonl").open()
+              if "eval" not in line]
+    assert logged == [1, 2, 3, 4]
+    _, expect = _state(straight)
+    for name, t in expect.items():  # resuming reproduces the uninterrupted run exactly
+        torch.testing.assert_close(tensors[name], t, rtol=0, atol=0, msg=name)
+
+    assert (run / "model.safetensors.index.json").is_file()
+    assert all(f.stat().st_size <= 64 * 1024 for f in run.glob("model-*.safetensors"))
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["injection"]["enabled"] and cfg["transition"]["enabled"]
+
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    spec = Engine(tiny_llama, draft=run, progress=False)
+    plain = Engine(tiny_llama, progress=False)
+    for prompt in ("Write a poem about the sea.", "What is 2 + 2?"):
+        a, b = spec.generate(prompt, params)[0], plain.generate(prompt, params)[0]
+        assert a.token_ids == b.token_ids
+        assert a.stats.drafted_rounds > 0
+
+
+def test_fit_dflash_ablation(self_generated, tiny_llama, tmp_path):
+    out = tmp_path / "dflash"
+    _cli("fit", "--target", tiny_llama, "--data", self_generated, "--out", out, "--steps", 1,
+         "--ablation", "dflash", *FIT_ARGS)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["injection"] == {"enabled": False} and not cfg["transition"]["enabled"]
+    state, tensors = _state(out)
+    assert not any("injection" in n or "transition" in n for n in tensors)
+    row = json.loads((out / "train_log.jsonl").open().readline())
+    assert "final" in row and "transition" not in row and "layers" not in row
+
+
+def test_fit_refuses_to_overwrite_a_run(self_generated, tiny_llama, tmp_path, capsys):
+    from dspine_engine.cli.train import main
+
+    out = tmp_path / "run"
+    (out / "train_state").mkdir(parents=True)
+    assert main(["fit", "--target", str(tiny_llama), "--data", str(self_generated), "--out",
+                 str(out), "--quiet"]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_help_explains_every_flag(capsys):
+    from dspine_engine.cli.train import build_parser
+
+    for sub in ("data", "fit"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([sub, "--help"])
+        text = capsys.readouterr().out
+        assert "--max-minutes" in text and "--target" in text
+    fit_actions = build_parser()._subparsers._group_actions[0].choices["fit"]._actions
+    assert all(a.help for a in fit_actions)

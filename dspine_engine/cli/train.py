@@ -1,0 +1,293 @@
+"""dspine-train: make training data from a target model and train a DSpine (or DFlash) draft."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+DESCRIPTION = """\
+Train a DSpine draft model for a target model, in two steps:
+
+  data  the target writes the training data: its own answers (greedy by default) to prompts
+        from a JSONL file, or to user messages it writes itself (Magpie-style: the chat
+        template is cut where a user turn starts and the target samples the user message).
+        Token ids are stored, so nothing is re-tokenised. Re-running the same command
+        continues an interrupted file.
+  fit   trains the draft on that data, capturing the frozen target's tapped hidden states
+        online. Writes OUT/config.json + OUT/model*.safetensors (load with
+        Engine(target, draft=OUT) or dspine-generate --draft OUT) and OUT/train_state/ for
+        --resume. --ablation dflash trains the same architecture without injection and
+        transition (the DFlash baseline) under the same budget.
+
+The target defaults to SmolLM2-135M-Instruct (fetched once into $DSPINE_CACHE). See
+docs/TRAINING.md for the losses, masks and recommended GPU commands."""
+
+EPILOG = """\
+examples:
+  dspine-train data --out data.jsonl --num 20000 --max-minutes 9
+  dspine-train data --prompts prompts.jsonl --out data.jsonl
+  dspine-train fit --data data.jsonl --out runs/dspine --steps 4000 --max-minutes 9 --resume
+  dspine-train fit --data data.jsonl --out runs/dflash --steps 4000 --ablation dflash --resume
+"""
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.replace(",", " ").split()]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None,
+                   help="target: HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop cleanly (saving everything) before this many minutes; run the same "
+                        "command again (with --resume for fit) to continue")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling, data order, anchors")
+    p.add_argument("--quiet", action="store_true", help="no progress bars while loading")
+
+
+def _data_parser(sub) -> None:
+    p = sub.add_parser("data", help="generate training data with the target",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Write a JSONL of {prompt_ids, response_ids} where the "
+                                   "responses are the target's own answers.")
+    _common(p)
+    p.add_argument("--out", required=True, help="output JSONL (appended to / resumed if present)")
+    p.add_argument("--num", type=int, default=None,
+                   help="records the file should hold (default: one per prompt with --prompts; "
+                        "required for self-generation)")
+    p.add_argument("--prompts", default=None,
+                   help="JSONL of prompts: {prompt|instruction|question|text}, "
+                        "{messages|conversations} (cut after the last user turn) or {prompt_ids}; "
+                        "without it the target writes the user prompts itself")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="answer length cap")
+    p.add_argument("--answer-temperature", type=float, default=0.0,
+                   help="temperature of the answers (0 = greedy, the decoding to accelerate)")
+    p.add_argument("--user-temperature", type=float, default=1.0,
+                   help="temperature of self-generated user prompts (diversity)")
+    p.add_argument("--user-top-p", type=float, default=1.0, help="top-p of user prompts")
+    p.add_argument("--user-max-tokens", type=int, default=256,
+                   help="longest self-generated user prompt; longer ones are dropped")
+    p.add_argument("--keep-truncated", action="store_true",
+                   help="keep user prompts cut at --user-max-tokens (for tiny test models that "
+                        "never end a turn)")
+    p.add_argument("--chunk", type=int, default=256,
+                   help="prompts per batched generation call (and per append to the file)")
+    p.add_argument("--max-num-seqs", type=int, default=128,
+                   help="sequences the engine decodes concurrently")
+    p.add_argument("--dtype", default="auto", help="target dtype (auto: bf16 on CUDA, fp32 on CPU)")
+
+
+def _fit_parser(sub) -> None:
+    from ..train.trainer import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser("fit", help="train a draft on generated data",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Train a DSpine draft (or its DFlash ablation) on data from "
+                                   "`dspine-train data`.")
+    _common(p)
+    p.add_argument("--data", required=True, help="JSONL written by `dspine-train data`")
+    p.add_argument("--out", required=True, help="output directory (the draft + train state)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run saved in --out (its saved settings win, except "
+                        "--max-minutes/--save-every/--log-every/--ce-chunk/--eval-batches); "
+                        "starts a new run when --out holds none")
+    p.add_argument("--ablation", choices=["dflash"], default=None,
+                   help="dflash: no injection, no transition, loss = final CE only")
+    g = p.add_argument_group("a new draft (ignored with --resume of a saved run)")
+    g.add_argument("--init", action="store_true",
+                   help="size a fresh draft for the target (the default without --draft)")
+    g.add_argument("--draft", default=None, help="start from this draft directory instead")
+    g.add_argument("--init-from-target", action="store_true",
+                   help="copy the last N target layers' attention/MLP/norm weights into the N "
+                        "draft layers (shapes must match the target's)")
+    g.add_argument("--layers", type=int, default=5, help="draft layers")
+    g.add_argument("--heads", type=int, default=None, help="attention heads (default: target's)")
+    g.add_argument("--kv-heads", type=int, default=None, help="KV heads (default: target's)")
+    g.add_argument("--head-dim", type=int, default=None, help="head dim (default: target's)")
+    g.add_argument("--intermediate", type=int, default=None,
+                   help="MLP intermediate size (default: target's)")
+    g.add_argument("--block-size", type=int, default=16, help="block size B (drafts B-1 tokens)")
+    g.add_argument("--sliding-window", type=int, default=8192,
+                   help="draft attention window over the context (0 = none)")
+    g.add_argument("--mask-token-id", type=int, default=None,
+                   help="embed MASK as this target token (default: a learned mask embedding)")
+    g.add_argument("--rank", type=int, default=256, help="transition rank r")
+    g.add_argument("--top-k", type=int, default=8, help="transition candidates per position")
+    g.add_argument("--target-layers", type=_ints, default=None,
+                   help="tapped target layers, e.g. 1,7,14,20,27 (default: one per draft layer, "
+                        "evenly spaced as in DFlash)")
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=int, default=d.steps,
+                   help="optimizer steps (default: --epochs passes over the data)")
+    t.add_argument("--epochs", type=float, default=d.epochs, help="passes when --steps is unset")
+    t.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per micro-batch")
+    t.add_argument("--grad-accum", type=int, default=d.grad_accum,
+                   help="micro-batches per optimizer step")
+    t.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW)")
+    t.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio,
+                   help="the cosine decays to lr * this")
+    t.add_argument("--warmup", type=float, default=d.warmup,
+                   help="warm-up: a fraction of the steps, or a step count when >= 1")
+    t.add_argument("--weight-decay", type=float, default=d.weight_decay,
+                   help="AdamW weight decay (matrices only)")
+    t.add_argument("--clip", type=float, default=d.clip, help="gradient-norm clipping")
+    t.add_argument("--blocks-per-seq", type=int, default=d.blocks_per_seq,
+                   help="random anchors (blocks) per sequence, all inside the response")
+    t.add_argument("--max-len", type=int, default=d.max_len,
+                   help="cut sequences (prompt + response) at this many tokens")
+    t.add_argument("--gamma", type=float, default=d.gamma,
+                   help="position weight exp(-(j-1)/gamma) (default: 7 * block size / 16)")
+    t.add_argument("--layer-weight", type=float, default=d.layer_weight,
+                   help="weight of the layer-wise output-embedding CE (split evenly over layers)")
+    t.add_argument("--transition-weight", type=float, default=d.transition_weight,
+                   help="weight of the transition CE")
+    t.add_argument("--ce-chunk", type=int, default=d.ce_chunk,
+                   help="rows per vocabulary-logits chunk (memory vs. speed)")
+    t.add_argument("--no-bf16", dest="bf16", action="store_false",
+                   help="train in fp32 on CUDA too (default: bf16 autocast, fp32 master weights)")
+    t.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint period (steps)")
+    t.add_argument("--log-every", type=int, default=d.log_every,
+                   help="log period (steps) for the bar and OUT/train_log.jsonl")
+    t.add_argument("--eval-batches", type=int, default=d.eval_batches,
+                   help="held-out batches scored at each checkpoint")
+    t.add_argument("--eval-fraction", type=float, default=0.02,
+                   help="share of the data (its last records, at most 256) held out")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dspine-train", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    _data_parser(sub)
+    _fit_parser(sub)
+    return p
+
+
+# ------------------------------------------------------------------------------------- data
+def run_data(args) -> int:
+    from .. import Engine
+    from ..train.data import DataGenerator, GenerationConfig, load_prompts
+
+    prompts = load_prompts(Path(args.prompts)) if args.prompts else None
+    if prompts is None and args.num is None:
+        print("dspine-train data: give --num (records to self-generate) or --prompts",
+              file=sys.stderr)
+        return 2
+    num = args.num if args.num is not None else len(prompts)
+    engine = Engine(args.target, device=args.device, dtype=args.dtype,
+                    max_num_seqs=args.max_num_seqs, progress=not args.quiet)
+    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens,
+                           answer_temperature=args.answer_temperature,
+                           user_temperature=args.user_temperature, user_top_p=args.user_top_p,
+                           user_max_tokens=args.user_max_tokens,
+                           keep_truncated=args.keep_truncated, chunk=args.chunk, seed=args.seed)
+    done = DataGenerator(engine, Path(args.out), cfg).run(num, prompts, args.max_minutes)
+    print(f"{args.out}: {done} records", file=sys.stderr)
+    return 0
+
+
+# ------------------------------------------------------------------------------------- fit
+def _train_config(args):
+    from ..train.trainer import TrainConfig
+
+    return TrainConfig(**{f.name: getattr(args, f.name)
+                          for f in dataclasses.fields(TrainConfig)})
+
+
+def _new_draft(args, target):
+    from ..models.dspine import DSpineDraft
+    from ..train.draft_init import copy_target_layers, new_draft_config
+
+    dflash = args.ablation == "dflash"
+    if args.draft:
+        draft = DSpineDraft.load(Path(args.draft), progress=not args.quiet)
+        if dflash and (draft.config.injection or draft.config.transition):
+            raise ValueError("--ablation dflash needs a draft without injection and transition")
+        draft.config.check_target(target.config)
+        return draft
+    cfg = new_draft_config(target.config, layers=args.layers, heads=args.heads,
+                           kv_heads=args.kv_heads, head_dim=args.head_dim,
+                           intermediate=args.intermediate, block_size=args.block_size,
+                           sliding_window=args.sliding_window, mask_token_id=args.mask_token_id,
+                           rank=args.rank, top_k=args.top_k, target_layers=args.target_layers,
+                           injection=not dflash, transition=not dflash)
+    draft = DSpineDraft(cfg).init_weights(seed=args.seed)
+    if args.init_from_target:
+        used = copy_target_layers(draft, target)
+        print(f"draft layers start from target layers {used}", file=sys.stderr)
+    return draft
+
+
+def run_fit(args, t_start: float) -> int:
+    import torch
+
+    from ..engine.engine import resolve_dtype
+    from ..models.default_model import resolve_model_path
+    from ..models.target import TargetModel
+    from ..train.data import read_samples
+    from ..train.trainer import (SequenceData, Trainer, find_state, load_draft_for_resume,
+                                 resume_config, split_records)
+
+    out = Path(args.out)
+    cfg = _train_config(args)
+    state_dir = find_state(out) if args.resume else None
+    if state_dir is None and (out / "train_state").exists() and not args.resume:
+        print(f"dspine-train fit: {out} already holds a run; pass --resume to continue it or "
+              "choose another --out", file=sys.stderr)
+        return 2
+    state = None
+    if state_dir is not None:
+        import json
+
+        state = json.loads((state_dir / "state.json").read_text())
+        cfg, ignored = resume_config(state["config"], cfg)
+        for item in ignored:
+            print(f"--resume: ignoring {item}", file=sys.stderr)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = resolve_dtype("bfloat16" if cfg.bf16 and device.type == "cuda" else "float32",
+                          device)
+    target = TargetModel.load(resolve_model_path(args.target), device, dtype,
+                              progress=not args.quiet)
+    records = read_samples(Path(args.data))
+    train_recs, eval_recs = split_records(records, args.eval_fraction)
+    data_info = {"path": str(Path(args.data).resolve()), "records": len(records)}
+    if state is not None and state.get("data") != data_info:
+        print(f"--resume: the data differs from the saved run's ({state.get('data')})",
+              file=sys.stderr)
+    draft = load_draft_for_resume(out) if state is not None else _new_draft(args, target)
+    # Block positions run up to max_len + B - 2: keep them inside the RoPE table.
+    cfg.max_len = min(cfg.max_len, target.config.max_position_embeddings - draft.config.block_size)
+    trainer = Trainer(target, draft, SequenceData(train_recs, cfg.max_len),
+                      SequenceData(eval_recs, cfg.max_len), cfg, out, data_info)
+    if state is not None:
+        trainer.load_state(state_dir, state)
+        print(f"resuming {out} at step {trainer.step}/{trainer.total_steps}", file=sys.stderr)
+    c = draft.config
+    n_params = sum(p.numel() for p in draft.parameters())
+    print(f"draft: {c.num_layers} layers, {n_params / 1e6:.1f}M parameters, block "
+          f"{c.block_size}, taps {c.target_layer_ids}, injection {c.injection}, transition "
+          f"{c.transition}; {len(trainer.data)} training sequences", file=sys.stderr)
+    finished = trainer.run(t_start)
+    print(f"{'finished' if finished else 'paused'} at step {trainer.step}/{trainer.total_steps}; "
+          f"draft in {out}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    t_start = time.monotonic()
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "data":
+            return run_data(args)
+        return run_fit(args, t_start)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"dspine-train {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
