@@ -1,0 +1,366 @@
+"""CUDA kernels against the PyTorch references, on fresh random inputs.
+
+The kernels run on the GPU; each reference (dspine_engine.ops.*_ref) runs in fp32 on CPU copies of
+the same inputs. Memory a kernel must not read holds NaN, memory it must not write starts as NaN,
+and NaN/inf in an output never passes. Run: python -m pytest -q -m gpu tests/test_kernels_gpu.py
+"""
+import math
+
+import pytest
+import torch
+
+from dspine_engine import _C, ops
+from kernel_cases import verify_case, walk_case
+from kernel_cases_gpu import (attention_inputs, check_verify_invariants, rel_err_fp32,
+                              same_up_to_boundary, verify_equal, walk_equal)
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+DEV = "cuda"
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
+FLOATS = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def test_extension_has_cuda_kernels():
+    assert _C.with_cuda, "dspine_engine._C was built without the CUDA kernels"
+
+
+# --------------------------------------------------------------------------------------------
+# Norms, RoPE, KV write, injection
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1, 64), (7, 576), (33, 130), (4096, 128), (3, 4096), (5, 8192),
+                                   (2, 7), (2, 5, 64)])
+def test_rms_norm(shape, dtype):
+    d = shape[-1]
+    x, w, r = torch.randn(shape).to(dtype), torch.randn(d).to(dtype), torch.randn(shape).to(dtype)
+    got = ops.rms_norm(x.to(DEV), w.to(DEV), 1e-5)
+    assert got.shape == x.shape
+    assert rel_err_fp32(got, ops.rms_norm_ref(x.float(), w.float(), 1e-5)) < TOL[dtype]
+
+    out, s = ops.add_rms_norm(x.to(DEV), r.to(DEV), w.to(DEV), 1e-6)
+    _, ref_s = ops.add_rms_norm_ref(x, r, w, 1e-6)
+    assert torch.equal(s.cpu(), ref_s), "the residual sum must be x + residual rounded to the dtype"
+    assert rel_err_fp32(out, ops.rms_norm_ref(ref_s.float(), w.float(), 1e-6)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("heads,d", [(9, 64), (3, 128), (2, 256), (5, 96)])
+def test_rope(heads, d, dtype):
+    n = 37
+    cs = ops.rope_cos_sin(d, 4096, 10000.0)
+    wide = torch.randn(n, 2 * heads, d).to(dtype)  # x is a row view, like a split projection
+    pos = torch.randint(0, 4096, (n,), dtype=torch.int32)
+    got = ops.rope(wide.to(DEV)[:, :heads], pos.to(DEV), cs.to(DEV))
+    assert got.is_contiguous() and got.shape == (n, heads, d)
+    assert rel_err_fp32(got, ops.rope_ref(wide[:, :heads].float(), pos, cs)) < TOL[dtype]
+
+
+def _poisoned_caches(pages, page_size, heads, d, dtype):
+    return [torch.full((pages, page_size, heads, d), float("nan"), dtype=dtype) for _ in range(2)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("rotate", [True, False])
+@pytest.mark.parametrize("heads,d,page_size", [(9, 64, 16), (3, 128, 7), (2, 256, 1), (8, 128, 64)])
+def test_write_kv(heads, d, page_size, rotate, dtype):
+    n = 41
+    pages = 2 * n // page_size + 2  # room for every row, plus slots that stay unwritten
+    cs = ops.rope_cos_sin(d, 4096, 10000.0) if rotate else torch.empty(0)
+    k = torch.randn(n, 3 * heads, d).to(dtype)[:, heads:2 * heads]  # strided view
+    v = torch.randn(n, heads, d).to(dtype)
+    pos = torch.randint(0, 4096, (n,), dtype=torch.int32)
+    slots = torch.randperm(pages * page_size)[:n].to(torch.int32)
+    slots[::5] = -1  # padding rows must not be written
+    kc, vc = _poisoned_caches(pages, page_size, heads, d, dtype)
+    kc_dev, vc_dev = kc.to(DEV), vc.to(DEV)
+    ops.write_kv(k.to(DEV), v.to(DEV), pos.to(DEV), cs.to(DEV), kc_dev, vc_dev, slots.to(DEV))
+    ref_k, ref_v = _poisoned_caches(pages, page_size, heads, d, torch.float32)
+    ops.write_kv_ref(k.float(), v.float(), pos, cs, ref_k, ref_v, slots)
+    written = slots[slots >= 0].long()
+    untouched = torch.ones(pages * page_size, dtype=torch.bool)
+    untouched[written] = False
+    for got, ref in ((kc_dev, ref_k), (vc_dev, ref_v)):
+        flat_g, flat_r = got.cpu().view(-1, heads, d), ref.view(-1, heads, d)
+        assert rel_err_fp32(flat_g[written], flat_r[written]) < TOL[dtype]
+        assert torch.isnan(flat_g[untouched].float()).all(), "write_kv wrote a slot it was not given"
+
+
+def test_write_kv_skips_slots_outside_cache():
+    """The CUDA op cannot reject a bad slot without a host sync: it must skip it, never write."""
+    k = torch.randn(3, 2, 64, device=DEV)
+    kc, vc = (torch.full((2, 4, 2, 64), float("nan"), device=DEV) for _ in range(2))
+    slots = torch.tensor([1, 8, 1000], dtype=torch.int32, device=DEV)
+    ops.write_kv(k, k, torch.zeros(3, dtype=torch.int32, device=DEV), torch.empty(0, device=DEV), kc, vc,
+                 slots)
+    flat = kc.view(-1, 2, 64)
+    assert torch.equal(flat[1], k[0])
+    assert torch.isnan(flat[torch.arange(8) != 1]).all()
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("shape", [(1, 16, 64), (3, 5, 576), (2, 16, 130), (1, 16, 4096), (5, 16, 4096)])
+def test_fused_injection(shape, dtype):
+    n, b, h = shape
+    x, g, f = torch.randn(n, b, h).to(dtype), torch.randn(n, b, h).to(dtype), torch.randn(n, b, 2 * h).to(dtype)
+    got = ops.fused_injection(x.to(DEV), g.to(DEV), f.to(DEV))
+    assert torch.equal(got[:, 0].cpu(), x[:, 0]), "the anchor row passes through unchanged"
+    assert rel_err_fp32(got, ops.fused_injection_ref(x.float(), g.float(), f.float())) < TOL[dtype]
+
+
+# --------------------------------------------------------------------------------------------
+# Paged attention
+# --------------------------------------------------------------------------------------------
+
+def _lens(seed, count, lo, hi):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi, (count,), generator=g).tolist()
+
+
+ATTN_CASES = [
+    # (id, q_lens, kv_lens, q_heads, kv_heads, head_dim, page_size, causal, window)
+    ("prefill_varlen_gqa3", [5, 1, 17, 130], [5, 40, 17, 300], 9, 3, 64, 16, True, 0),
+    ("prefill_gqa4_2k", [2048, 333], [2048, 333 + 100], 8, 2, 128, 16, True, 0),
+    ("prefill_window_hd256", [700], [900], 6, 1, 256, 32, True, 128),
+    ("prefill_gqa8_page64", [200, 64], [200, 64], 16, 2, 128, 64, True, 0),
+    ("prefill_window_gqa6", [1000], [1500], 12, 2, 64, 16, True, 300),
+    ("with_empty_sequence", [3, 0, 5], [10, 20, 5], 4, 1, 128, 16, True, 0),
+    ("decode_mha_page8", [1] * 5, [1, 33, 100, 1000, 4097], 4, 4, 64, 8, True, 0),
+    ("decode_gqa4_16k_split", [1], [16384], 32, 8, 128, 16, True, 0),
+    ("decode_gqa6_hd256_32k", [1, 1], [32768, 9000], 6, 1, 256, 16, True, 0),
+    ("decode_window_8192", [1] * 3, [20000, 8192, 8193], 8, 2, 128, 16, True, 8192),
+    ("decode_batch32", [1] * 32, _lens(1, 32, 1, 3000), 8, 2, 128, 16, True, 0),
+    ("verify16_gqa4_8k", [16] * 2, [8192, 3000], 32, 8, 128, 16, True, 0),
+    ("verify16_batch32", [16] * 32, _lens(2, 32, 16, 2000), 8, 2, 128, 16, True, 0),
+    ("verify16_window_pages", [16] * 3, [9000, 8300, 100], 8, 2, 128, 16, True, 8192),
+    ("verify16_gqa3_hd64_12k", [16], [12000], 9, 3, 64, 16, True, 0),
+    ("draft16_gqa6_hd256_window", [16] * 2, [8192 + 16, 5000], 24, 4, 256, 16, False, 8192),
+    ("draft16_gqa3_hd64", [16] * 4, [16, 17, 500, 3000], 9, 3, 64, 16, False, 0),
+    ("draft16_gqa8_batch8", [16] * 8, _lens(3, 8, 16, 1200), 16, 2, 128, 16, False, 0),
+    ("draft16_window_small", [16, 16], [16 + 90, 16 + 7], 6, 1, 64, 16, False, 20),
+    ("draft16_long_32k", [16], [32768], 8, 2, 128, 16, False, 8192),
+    ("page_size_1", [3], [3], 2, 1, 64, 1, True, 0),
+    ("page_size_128_gqa8", [16, 1], [5000, 300], 16, 2, 64, 128, True, 0),
+    ("page_size_24_bidir", [7, 16], [1000, 2000], 6, 2, 128, 24, False, 0),
+    ("sliding_causal_odd", [13, 1], [77, 64], 4, 2, 256, 32, True, 9),
+]
+ATTN_IDS = [c[0] for c in ATTN_CASES]
+
+
+def _run_attention(case, dtype, seed, q_row_pad=0):
+    _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
+    dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, dtype, DEV, seed, causal=causal,
+                                          window=window, q_row_pad=q_row_pad)
+    scale = 1 / math.sqrt(d)
+    got = ops.paged_attention(*dev_args, causal, window, scale)
+    q, kc, vc, *meta = ref_args
+    ref = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, causal, window, scale)
+    return got, ref
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ATTN_CASES, ids=ATTN_IDS)
+def test_paged_attention(case, dtype):
+    # Odd cases read q as a row view of a fused QKV projection (q_row_pad = 2 * kv_heads * D).
+    pad = 2 * case[4] * case[5] if ATTN_IDS.index(case[0]) % 2 else 0
+    got, ref = _run_attention(case, dtype, seed=ATTN_IDS.index(case[0]), q_row_pad=pad)
+    assert rel_err_fp32(got, ref) < TOL[dtype]
+
+
+FP32_CASES = [c for c in ATTN_CASES if c[0] in (
+    "prefill_varlen_gqa3", "prefill_window_hd256", "decode_gqa4_16k_split", "verify16_window_pages",
+    "draft16_gqa6_hd256_window", "draft16_window_small", "page_size_1", "sliding_causal_odd")]
+
+
+@pytest.mark.parametrize("case", FP32_CASES, ids=[c[0] for c in FP32_CASES])
+def test_paged_attention_fp32(case):
+    got, ref = _run_attention(case, torch.float32, seed=7)
+    assert rel_err_fp32(got, ref) < TOL[torch.float32]
+
+
+def test_paged_attention_rejects_bad_metadata():
+    (q, kc, vc, bt, kl, cu, mq), _ = attention_inputs([4], [4], 2, 1, 64, 16, torch.bfloat16, DEV, 0)
+    with pytest.raises(RuntimeError, match="int32"):
+        ops.paged_attention(q, kc, vc, bt.long(), kl, cu, mq, True, 0, 0.1)
+
+
+@pytest.mark.parametrize("d", [64, 96])
+def test_paged_attention_unaligned_q_rows_and_odd_head_dim(d):
+    """q rows that are not 16-byte aligned (copied first) and a head_dim without tensor-core path."""
+    case = ("odd", [16, 3], [300, 40], 6, 2, d, 16, True, 0)
+    got, ref = _run_attention(case, torch.bfloat16, seed=11, q_row_pad=3)
+    assert rel_err_fp32(got, ref) < TOL[torch.bfloat16]
+
+
+# --------------------------------------------------------------------------------------------
+# Transition walk and block verify
+# --------------------------------------------------------------------------------------------
+
+WALK_CASES = [
+    # (batch, J, vocab, rank, top_k, dtype)
+    (3, 15, 1000, 32, 8, torch.float32),
+    (3, 3, 100, 7, 1, torch.float32),
+    (3, 15, 300, 16, 5, torch.float32),
+    (5, 7, 257, 16, 16, torch.float16),
+    (4, 15, 151936, 256, 32, torch.float32),
+    (32, 15, 151936, 256, 8, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("use_transition", [True, False])
+@pytest.mark.parametrize("case", WALK_CASES, ids=[f"b{c[0]}_j{c[1]}_v{c[2]}_k{c[4]}_{str(c[5])[6:]}"
+                                                  for c in WALK_CASES])
+def test_transition_walk(case, use_transition, seed):
+    batch, j_len, vocab, rank, top_k, dtype = case
+    if vocab > 100000 and seed > 0:
+        pytest.skip("one seed is enough for the large-vocabulary reference (slow on the CPU)")
+    temps = [[0.0, 1.0, 0.5][b % 3] for b in range(batch)]
+    args = walk_case(batch, j_len, vocab, rank, top_k, "cpu", seed, temps, dtype=dtype,
+                     use_transition=use_transition)
+    dev_args = tuple(a.to(DEV) if torch.is_tensor(a) else a for a in args)
+    got, flips = same_up_to_boundary(ops.transition_walk, ops.transition_walk_ref, dev_args, args, 7,
+                                     walk_equal)
+    assert flips <= 1
+    tokens, cand_ids, cand_probs = got
+    assert tokens.dtype == torch.long and cand_ids.dtype == torch.long and cand_probs.dtype == torch.float32
+    assert torch.allclose(cand_probs.sum(-1), torch.ones(batch, j_len), atol=1e-5)
+
+
+def test_transition_walk_ties_go_to_the_lower_id():
+    logits = torch.zeros(2, 4, 64, dtype=torch.bfloat16)
+    logits[:, :, 10] = logits[:, :, 20] = logits[:, :, 5] = 1.0
+    empty = torch.empty(0, dtype=torch.bfloat16)
+    args = (logits, empty, empty, empty, torch.tensor([0, 3]), 4, torch.zeros(2), torch.rand(2, 4))
+    got = ops.transition_walk(*(a.to(DEV) if torch.is_tensor(a) else a for a in args))
+    assert got[1][0, 0].tolist() == [5, 10, 20, 0]
+    assert (got[0].cpu() == 5).all()
+
+
+VERIFY_CASES = [
+    # (batch, T, vocab, cand, dtype)
+    (5, 16, 1000, 1, torch.float32),
+    (5, 16, 257, 8, torch.float32),
+    (5, 1, 500, 1, torch.float32),
+    (5, 5, 64, 4, torch.float32),
+    (6, 16, 4096, 8, torch.float16),
+    (8, 16, 151936, 8, torch.float32),
+    (32, 16, 151936, 1, torch.bfloat16),
+]
+
+
+def _set_filters(args, kind):
+    """verify_case mixes top-k 0/5/50 and top-p 1/0.9/0.5; also try a large top-k and none."""
+    args = list(args)
+    batch = args[0].shape[0]
+    if kind == "large_k":
+        args[5] = torch.full((batch,), 1000, dtype=torch.int32)
+        args[6] = torch.full((batch,), 0.95)
+    elif kind == "none":
+        args[5] = torch.zeros(batch, dtype=torch.int32)
+        args[6] = torch.ones(batch)
+    return tuple(args)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("filters", ["mixed", "large_k", "none"])
+@pytest.mark.parametrize("case", VERIFY_CASES, ids=[f"b{c[0]}_t{c[1]}_v{c[2]}_k{c[3]}_{str(c[4])[6:]}"
+                                                    for c in VERIFY_CASES])
+def test_block_verify(case, filters, seed):
+    batch, t_len, vocab, cand, dtype = case
+    if vocab > 100000 and seed > 0:
+        pytest.skip("one seed is enough for the large-vocabulary reference (slow on the CPU)")
+    temps = [[0.0, 1.0, 0.7, 0.0, 1.3][b % 5] for b in range(batch)]
+    args = _set_filters(verify_case(batch, t_len, vocab, cand, "cpu", seed, temps, dtype=dtype), filters)
+    dev_args = tuple(a.to(DEV) for a in args)
+    got, flips = same_up_to_boundary(ops.block_verify, ops.block_verify_ref, dev_args, args, 7,
+                                     verify_equal)
+    assert flips <= 1
+    check_verify_invariants(got, args[1], args[8])
+
+
+def test_block_verify_greedy_accepts_exact_prefix():
+    logits = torch.full((1, 4, 10), -5.0)
+    for j, tok in enumerate([3, 7, 2, 9]):
+        logits[0, j, tok] = 5.0
+    draft = torch.tensor([[3, 7, 5]])
+    args = (logits, draft, draft[..., None], torch.ones(1, 3, 1), torch.zeros(1),
+            torch.zeros(1, dtype=torch.int32), torch.ones(1), torch.rand(1, 4),
+            torch.tensor([10], dtype=torch.int32))
+    accept, out, new_lens = ops.block_verify(*(a.to(DEV) for a in args))
+    assert int(accept[0]) == 2 and out[0].tolist() == [3, 7, 2, -1] and int(new_lens[0]) == 13
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA graph capture
+# --------------------------------------------------------------------------------------------
+
+class _Pipeline:
+    """Every op once, on static device buffers (what an engine captures per batch size)."""
+
+    def __init__(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        bf = torch.bfloat16
+        self.x = torch.randn(16, 4096, generator=g).to(bf).to(DEV)
+        self.res = torch.randn(16, 4096, generator=g).to(bf).to(DEV)
+        self.w = torch.randn(4096, generator=g).to(bf).to(DEV)
+        self.cs = ops.rope_cos_sin(128, 8192, 1e6).to(DEV)
+        self.pos = torch.arange(4000, 4016, dtype=torch.int32, device=DEV)
+        self.slots = torch.arange(4000, 4016, dtype=torch.int32, device=DEV)
+        self.kv_in = torch.randn(16, 2, 128, generator=g).to(bf).to(DEV)
+        pages = 4096 // 16 * 2
+        self.kc = torch.randn(pages, 16, 2, 128, generator=g).to(bf).to(DEV)
+        self.vc = torch.randn(pages, 16, 2, 128, generator=g).to(bf).to(DEV)
+        self.tables = torch.arange(pages, dtype=torch.int32, device=DEV).view(2, -1)
+        self.kv_lens = torch.tensor([4016, 3000], dtype=torch.int32, device=DEV)
+        self.cu_q = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+        self.q = torch.randn(2, 8, 128, generator=g).to(bf).to(DEV)
+        self.h = torch.randn(1, 16, 4096, generator=g).to(bf).to(DEV)
+        self.fproj = torch.randn(1, 16, 8192, generator=g).to(bf).to(DEV)
+        walk = walk_case(4, 15, 5000, 64, 8, "cpu", seed, [0.0, 1.0, 0.0, 0.6], dtype=bf)
+        self.walk = [a.to(DEV) if torch.is_tensor(a) else a for a in walk]
+        self.verify = [a.to(DEV) for a in verify_case(4, 16, 5000, 8, "cpu", seed, [0.0, 1.0, 0.0, 0.6])]
+
+    def buffers(self):
+        fixed = [self.x, self.res, self.w, self.kv_in, self.kc, self.vc, self.q, self.h, self.fproj]
+        return fixed + [a for a in self.walk + self.verify if torch.is_tensor(a)]
+
+    def run(self):
+        normed = ops.rms_norm(self.x, self.w, 1e-6)
+        added, summed = ops.add_rms_norm(self.x, self.res, self.w, 1e-6)
+        roped = ops.rope(self.kv_in, self.pos, self.cs)
+        ops.write_kv(self.kv_in, self.kv_in, self.pos, self.cs, self.kc, self.vc, self.slots)
+        attn = ops.paged_attention(self.q, self.kc, self.vc, self.tables, self.kv_lens, self.cu_q, 1,
+                                   True, 0, 0.088)
+        injected = ops.fused_injection(self.h, self.h, self.fproj)
+        walked = ops.transition_walk(*self.walk)
+        verified = ops.block_verify(*self.verify)
+        return (normed, added, summed, roped, attn, injected) + tuple(walked) + tuple(verified)
+
+
+def test_ops_under_cuda_graph_capture():
+    static = _Pipeline(seed=0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        static.run()  # warm-up outside the capture (allocator, kernel attributes)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = static.run()
+
+    for seed in (1, 2):
+        fresh = _Pipeline(seed)
+        for dst, src in zip(static.buffers(), fresh.buffers()):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = fresh.run()
+        for got, want in zip(captured, eager):
+            if want.is_floating_point():
+                assert torch.allclose(got.float(), want.float(), rtol=1e-5, atol=1e-5)
+            else:
+                assert torch.equal(got, want)
+        assert torch.equal(static.kc, fresh.kc) and torch.equal(static.vc, fresh.vc)
