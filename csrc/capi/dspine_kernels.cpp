@@ -3,13 +3,10 @@
 // kernels themselves trust their inputs (the torch bindings check shapes the same way).
 #include "dspine_kernels.h"
 
-#include <exception>
-#include <initializer_list>
-#include <new>
-#include <sstream>
+#include <algorithm>
 #include <string>
-#include <utility>
 
+#include "capi_internal.h"
 #include "cpu/attention.h"
 #include "cpu/injection.h"
 #include "cpu/norm.h"
@@ -21,56 +18,20 @@
 #define DSPINE_VERSION "0.0.0"
 #endif
 
+namespace dspine {
+namespace capi {
+
+std::string& last_error() {
+  thread_local std::string message;
+  return message;
+}
+
+}  // namespace capi
+}  // namespace dspine
+
 namespace {
 
-thread_local std::string last_error;
-
-// Thrown by the checks below and turned into DSPINE_INVALID_ARGUMENT at the API boundary.
-struct InvalidArgument {
-  std::string message;
-};
-
-// Throws InvalidArgument("<parts...>") unless ok; the message is only built on failure.
-template <typename... Parts>
-void require(bool ok, const Parts&... parts) {
-  if (ok) return;
-  std::ostringstream os;
-  (os << ... << parts);
-  throw InvalidArgument{os.str()};
-}
-
-void require_ptr(const void* p, const char* op, const char* name) {
-  require(p != nullptr, op, ": ", name, " is NULL");
-}
-
-// Checks several named pointers at once: require_ptrs(op, {{x, "x"}, {w, "weight"}}).
-void require_ptrs(const char* op, std::initializer_list<std::pair<const void*, const char*>> named) {
-  for (const auto& [p, name] : named) require_ptr(p, op, name);
-}
-
-void require_nonnegative(int64_t value, const char* op, const char* name) {
-  require(value >= 0, op, ": ", name, " must be >= 0 (got ", value, ")");
-}
-
-// Runs one API call: no exception may cross the C boundary.
-template <typename Body>
-dspine_status guarded(Body&& body) {
-  try {
-    body();
-    last_error.clear();
-    return DSPINE_OK;
-  } catch (const InvalidArgument& e) {
-    last_error = e.message;
-    return DSPINE_INVALID_ARGUMENT;
-  } catch (const std::bad_alloc&) {
-    last_error = "out of memory";
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown error";
-  }
-  return DSPINE_INTERNAL_ERROR;
-}
+using namespace dspine::capi;
 
 // positions[t] (for the tokens `used` selects) must be rows of the RoPE table.
 template <typename Used>
@@ -83,26 +44,7 @@ void check_positions(const int32_t* positions, int64_t tokens, int64_t cos_sin_r
   }
 }
 
-void check_rope_table(const float* cos_sin, const int32_t* positions, int64_t head_dim, const char* op) {
-  require_ptr(cos_sin, op, "cos_sin");
-  require_ptr(positions, op, "positions");
-  require(head_dim % 2 == 0, op, ": head_dim must be even for RoPE (got ", head_dim, ")");
-}
-
 // ---- paged attention ------------------------------------------------------------------------
-
-void check_attention_shape(const dspine_attention_args& a) {
-  const char* op = "paged_attention";
-  require_nonnegative(a.batch, op, "batch");
-  require(a.q_heads >= 1 && a.kv_heads >= 1 && a.q_heads % a.kv_heads == 0, op,
-          ": q_heads (", a.q_heads, ") must be a positive multiple of kv_heads (", a.kv_heads, ")");
-  require(a.head_dim >= 1, op, ": head_dim must be >= 1");
-  require(a.page_size >= 1, op, ": page_size must be >= 1");
-  require_nonnegative(a.num_pages, op, "num_pages");
-  require_nonnegative(a.max_pages, op, "max_pages");
-  require(a.q_token_stride == 0 || a.q_token_stride >= a.q_heads * a.head_dim, op,
-          ": q_token_stride must be 0 or >= q_heads * head_dim");
-}
 
 // Pages holding a key that some query of sequence b sees must exist; others are never read.
 void check_sequence_pages(const dspine_attention_args& a, const int32_t* table, int64_t b, int64_t n,
@@ -155,7 +97,7 @@ void check_verify_ids(const int64_t* draft_tokens, const int64_t* cand_ids, cons
 
 extern "C" {
 
-const char* dspine_last_error(void) { return last_error.c_str(); }
+const char* dspine_last_error(void) { return last_error().c_str(); }
 
 const char* dspine_version(void) { return DSPINE_VERSION; }
 
@@ -163,12 +105,8 @@ dspine_status dspine_cpu_rms_norm_f32(const float* x, const float* weight, float
                                       float eps) {
   return guarded([&] {
     const char* op = "rms_norm";
-    require_nonnegative(rows, op, "rows");
-    require(dim >= 1, op, ": dim must be >= 1");
-    if (rows == 0) return;
-    require_ptr(x, op, "x");
-    require_ptr(weight, op, "weight");
-    require_ptr(out, op, "out");
+    if (!norm_has_work(op, rows, dim)) return;
+    require_ptrs(op, {{x, "x"}, {weight, "weight"}, {out, "out"}});
     dspine::cpu::rms_norm<float>(x, nullptr, weight, out, nullptr, rows, dim, eps);
   });
 }
@@ -177,14 +115,9 @@ dspine_status dspine_cpu_add_rms_norm_f32(const float* x, const float* residual,
                                           float* residual_out, int64_t rows, int64_t dim, float eps) {
   return guarded([&] {
     const char* op = "add_rms_norm";
-    require_nonnegative(rows, op, "rows");
-    require(dim >= 1, op, ": dim must be >= 1");
-    if (rows == 0) return;
-    require_ptr(x, op, "x");
-    require_ptr(residual, op, "residual");
-    require_ptr(weight, op, "weight");
-    require_ptr(out, op, "out");
-    require_ptr(residual_out, op, "residual_out");
+    if (!norm_has_work(op, rows, dim)) return;
+    require_ptrs(op, {{x, "x"}, {residual, "residual"}, {weight, "weight"}, {out, "out"},
+                      {residual_out, "residual_out"}});
     require(out != residual_out, op, ": out and residual_out must be different buffers");
     dspine::cpu::rms_norm<float>(x, residual, weight, out, residual_out, rows, dim, eps);
   });
@@ -195,14 +128,8 @@ dspine_status dspine_cpu_rope_f32(const float* x, int64_t x_token_stride, float*
                                   int64_t head_dim) {
   return guarded([&] {
     const char* op = "rope";
-    require_nonnegative(tokens, op, "tokens");
-    require_nonnegative(heads, op, "heads");
-    require(head_dim >= 2, op, ": head_dim must be >= 2");
-    require(x_token_stride >= heads * head_dim, op, ": x_token_stride must be >= heads * head_dim");
-    if (tokens == 0 || heads == 0) return;
-    require_ptr(x, op, "x");
-    require_ptr(out, op, "out");
-    check_rope_table(cos_sin, positions, head_dim, op);
+    if (!rope_has_work(op, x_token_stride, tokens, heads, head_dim)) return;
+    require_ptrs(op, {{x, "x"}, {out, "out"}, {positions, "positions"}, {cos_sin, "cos_sin"}});
     check_positions(positions, tokens, cos_sin_rows, op, [](int64_t) { return true; });
     dspine::cpu::rope<float>(x, x_token_stride, out, positions, cos_sin, tokens, heads, head_dim);
   });
@@ -214,26 +141,18 @@ dspine_status dspine_cpu_write_kv_f32(const float* k, int64_t k_token_stride, co
                                       const int32_t* slots, int64_t tokens, int64_t kv_heads, int64_t head_dim) {
   return guarded([&] {
     const char* op = "write_kv";
-    require_nonnegative(tokens, op, "tokens");
-    require(kv_heads >= 1 && head_dim >= 1, op, ": kv_heads and head_dim must be >= 1");
-    require(k_token_stride >= kv_heads * head_dim && v_token_stride >= kv_heads * head_dim, op,
-            ": k/v token strides must be >= kv_heads * head_dim");
-    require_nonnegative(num_slots, op, "num_slots");
-    if (tokens == 0) return;
-    require_ptr(k, op, "k");
-    require_ptr(v, op, "v");
-    require_ptr(slots, op, "slots");
-    require_ptr(k_cache, op, "k_cache");
-    require_ptr(v_cache, op, "v_cache");
+    const bool rotate = cos_sin != nullptr;
+    if (!write_kv_has_work(op, k_token_stride, v_token_stride, num_slots, tokens, kv_heads, head_dim, rotate)) return;
+    require_ptrs(op, {{k, "k"}, {v, "v"}, {slots, "slots"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
     for (int64_t t = 0; t < tokens; ++t)
       require(slots[t] < num_slots, op, ": slots[", t, "] = ", slots[t], " is outside the cache (", num_slots,
               " slots)");
-    if (cos_sin) {
-      check_rope_table(cos_sin, positions, head_dim, op);
+    if (rotate) {
+      require_ptr(positions, op, "positions");
       check_positions(positions, tokens, cos_sin_rows, op, [&](int64_t t) { return slots[t] >= 0; });
     }
-    dspine::cpu::write_kv<float>(k, k_token_stride, v, v_token_stride, cos_sin ? positions : nullptr, cos_sin,
-                                 k_cache, v_cache, slots, tokens, kv_heads, head_dim);
+    dspine::cpu::write_kv<float>(k, k_token_stride, v, v_token_stride, rotate ? positions : nullptr, cos_sin, k_cache,
+                                 v_cache, slots, tokens, kv_heads, head_dim);
   });
 }
 
@@ -242,23 +161,15 @@ dspine_status dspine_cpu_paged_attention_f32(const float* q, const float* k_cach
                                              const int32_t* cu_q, const dspine_attention_args* args) {
   return guarded([&] {
     const char* op = "paged_attention";
-    require_ptr(args, op, "args");
+    if (!attention_has_work(op, args)) return;
     const dspine_attention_args& a = *args;
-    check_attention_shape(a);
-    if (a.batch == 0) return;
-    require_ptr(block_tables, op, "block_tables");
-    require_ptr(kv_lens, op, "kv_lens");
-    require_ptr(cu_q, op, "cu_q");
+    require_ptrs(op, {{block_tables, "block_tables"}, {kv_lens, "kv_lens"}, {cu_q, "cu_q"}});
     check_attention_sequences(a, block_tables, kv_lens, cu_q);
     if (cu_q[a.batch] == 0) return;
-    require_ptr(q, op, "q");
-    require_ptr(out, op, "out");
-    require_ptr(k_cache, op, "k_cache");
-    require_ptr(v_cache, op, "v_cache");
-    const int64_t stride = a.q_token_stride ? a.q_token_stride : a.q_heads * a.head_dim;
-    const dspine::cpu::PagedAttentionArgs kernel_args{a.batch,     a.q_heads,   a.kv_heads, a.head_dim,
-                                                      a.page_size, a.max_pages, stride,     a.causal != 0,
-                                                      a.window,    a.scale};
+    require_ptrs(op, {{q, "q"}, {out, "out"}, {k_cache, "k_cache"}, {v_cache, "v_cache"}});
+    const dspine::cpu::PagedAttentionArgs kernel_args{
+        a.batch, a.q_heads, a.kv_heads, a.head_dim, a.page_size, a.max_pages, attention_q_stride(a),
+        a.causal != 0, a.window, a.scale};
     dspine::cpu::paged_attention<float>(q, k_cache, v_cache, out, block_tables, kv_lens, cu_q, kernel_args);
   });
 }
@@ -267,14 +178,8 @@ dspine_status dspine_cpu_fused_injection_f32(const float* h, const float* gate_h
                                              int64_t n, int64_t block, int64_t hidden) {
   return guarded([&] {
     const char* op = "fused_injection";
-    require_nonnegative(n, op, "n");
-    require_nonnegative(block, op, "block");
-    require_nonnegative(hidden, op, "hidden");
-    if (n == 0 || block == 0 || hidden == 0) return;
-    require_ptr(h, op, "h");
-    require_ptr(gate_h, op, "gate_h");
-    require_ptr(fproj, op, "fproj");
-    require_ptr(out, op, "out");
+    if (!injection_has_work(op, n, block, hidden)) return;
+    require_ptrs(op, {{h, "h"}, {gate_h, "gate_h"}, {fproj, "fproj"}, {out, "out"}});
     dspine::cpu::fused_injection<float>(h, gate_h, fproj, out, n, block, hidden);
   });
 }
@@ -286,21 +191,11 @@ dspine_status dspine_cpu_transition_walk_f32(const float* logits, const float* g
                                              int64_t vocab, int64_t rank, int64_t top_k) {
   return guarded([&] {
     const char* op = "transition_walk";
-    require_nonnegative(batch, op, "batch");
-    require_nonnegative(positions, op, "positions");
-    require_nonnegative(rank, op, "rank");
-    require(vocab >= 1, op, ": vocab must be >= 1");
-    require(top_k >= 1 && top_k <= vocab, op, ": top_k must be in [1, vocab] (got ", top_k, ")");
-    if (batch == 0 || positions == 0) return;
-    require_ptrs(op, {{logits, "logits"}, {anchor, "anchor"}, {temperature, "temperature"}, {uniforms, "uniforms"},
-                      {tokens, "tokens"}, {cand_ids, "cand_ids"}, {cand_probs, "cand_probs"}});
+    if (!walk_has_work(op, batch, positions, vocab, rank, top_k)) return;
+    require_walk_ptrs(op, logits, g, pred_table, succ_table, anchor, temperature, uniforms, tokens, cand_ids,
+                      cand_probs, rank);
     const bool use_transition = rank > 0;
-    if (use_transition) {
-      require_ptr(g, op, "g");
-      require_ptr(pred_table, op, "pred_table");
-      require_ptr(succ_table, op, "succ_table");
-      check_ids(anchor, batch, vocab, op, "anchor", 0);  // the first row of pred_table read
-    }
+    if (use_transition) check_ids(anchor, batch, vocab, op, "anchor", 0);  // rows of pred_table
     const dspine::cpu::TransitionArgs a{batch, positions, vocab, rank, top_k, use_transition};
     dspine::cpu::transition_walk<float>(logits, g, pred_table, succ_table, anchor, temperature, uniforms, tokens,
                                         cand_ids, cand_probs, a);
@@ -314,23 +209,10 @@ dspine_status dspine_cpu_block_verify_f32(const float* logits, const int64_t* dr
                                           int64_t batch, int64_t block, int64_t vocab, int64_t cand) {
   return guarded([&] {
     const char* op = "block_verify";
-    require_nonnegative(batch, op, "batch");
-    require(block >= 1, op, ": block must be >= 1 (the bonus row)");
-    require(vocab >= 1, op, ": vocab must be >= 1");
-    require_nonnegative(cand, op, "cand");
-    if (batch == 0) return;
-    require_ptrs(op, {{logits, "logits"}, {temperature, "temperature"}, {top_k, "top_k"}, {top_p, "top_p"},
-                      {uniforms, "uniforms"}, {seq_lens, "seq_lens"}, {accept_len, "accept_len"},
-                      {out_tokens, "out_tokens"}, {new_seq_lens, "new_seq_lens"}});
-    const int64_t drafts = block - 1;
-    if (drafts > 0) {
-      require_ptr(draft_tokens, op, "draft_tokens");
-      if (cand > 0) {
-        require_ptr(cand_ids, op, "cand_ids");
-        require_ptr(cand_probs, op, "cand_probs");
-      }
-      check_verify_ids(draft_tokens, cand_ids, temperature, batch, drafts, vocab, cand);
-    }
+    if (!verify_has_work(op, batch, block, vocab, cand)) return;
+    require_verify_ptrs(op, logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p, uniforms, seq_lens,
+                        accept_len, out_tokens, new_seq_lens, block, cand);
+    if (block > 1) check_verify_ids(draft_tokens, cand_ids, temperature, batch, block - 1, vocab, cand);
     const dspine::cpu::VerifyArgs a{batch, block, vocab, cand};
     dspine::cpu::block_verify<float>(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p, uniforms,
                                      seq_lens, accept_len, out_tokens, new_seq_lens, a);

@@ -41,7 +41,8 @@ extern "C" {
 typedef enum dspine_status {
   DSPINE_OK = 0,
   DSPINE_INVALID_ARGUMENT = 1, /* a size, pointer or index is out of its documented range */
-  DSPINE_INTERNAL_ERROR = 2    /* e.g. out of memory for the kernel's scratch space */
+  DSPINE_INTERNAL_ERROR = 2,   /* e.g. out of memory for the kernel's scratch space */
+  DSPINE_CUDA_ERROR = 3        /* a CUDA runtime call or launch failed (dspine_kernels_cuda.h) */
 } dspine_status;
 
 /* Why the last failing call on this thread failed ("" after a success). Valid until the next

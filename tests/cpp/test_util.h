@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -140,6 +142,12 @@ class Rng {
 inline std::vector<double> to_double(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
 // ---- the test groups (one ctest test each) ----------------------------------------------------
+
+using TestGroups = std::map<std::string, std::function<void()>>;
+
+// main(): runs the groups named in argv (all without arguments); non-zero exit on any failure.
+int run_test_groups(int argc, char** argv, const TestGroups& groups);
+
 
 void test_norm();
 void test_rope();
