@@ -53,7 +53,9 @@ def _run(cmd: list, cwd: Path | None = None) -> str:
 
 
 def _configure_and_build(build: Path, *options: str) -> None:
-    _run([_cmake_tool("cmake"), "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", *options])
+    # CPU only unless asked: compiling the CUDA kernels on a CI machine would take minutes.
+    _run([_cmake_tool("cmake"), "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release",
+          "-DDSPINE_WITH_CUDA=OFF", *options])
     _run([_cmake_tool("cmake"), "--build", build, "--parallel", JOBS])
 
 
@@ -107,3 +109,14 @@ def test_shared_library_exports_only_the_c_api(tmp_path):
     leaked = sorted(s for s in exported if not s.startswith("dspine_"))
     assert not leaked, f"symbols beyond the C API are exported: {leaked[:20]}"
     assert "dspine_cpu_paged_attention_f32" in exported
+
+
+@pytest.mark.gpu
+def test_cuda_build_passes_ctest(tmp_path):
+    """The CUDA entry points (dspine_kernels_cuda.h) against the same references, on the GPU."""
+    if shutil.which("nvcc") is None and not os.path.exists("/usr/local/cuda/bin/nvcc"):
+        pytest.skip("no nvcc")
+    build = tmp_path / "build"
+    _configure_and_build(build, "-DDSPINE_WITH_CUDA=ON")
+    out = _run([_cmake_tool("ctest"), "--output-on-failure", "--parallel", JOBS], cwd=build)
+    assert "100% tests passed" in out and "capi.cuda.attention" in out, out
