@@ -415,3 +415,21 @@ def test_help_explains_every_flag(capsys):
         assert "--max-minutes" in text and "--target" in text
     fit_actions = build_parser()._subparsers._group_actions[0].choices["fit"]._actions
     assert all(a.help for a in fit_actions)
+
+
+def test_vocab_cross_entropy_matches_torch():
+    gen = torch.Generator().manual_seed(0)
+    vectors = torch.randn(37, 16, generator=gen, requires_grad=True)
+    lm_head = torch.randn(300, 16, generator=gen)
+    targets = torch.randint(0, 300, (37,), generator=gen)
+    weights = torch.rand(37, generator=gen)
+    ce, top = vocab_cross_entropy(vectors, lm_head, targets, chunk_rows=10)
+    (ce * weights).sum().backward()
+    got = vectors.grad.clone()
+    vectors.grad = None
+    logits = vectors @ lm_head.T
+    ref = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    (ref * weights).sum().backward()
+    torch.testing.assert_close(ce, ref)
+    torch.testing.assert_close(got, vectors.grad)
+    assert torch.equal(top, logits.argmax(-1))

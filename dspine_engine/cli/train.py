@@ -78,6 +78,8 @@ def _data_parser(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=128,
                    help="sequences the engine decodes concurrently")
     p.add_argument("--dtype", default="auto", help="target dtype (auto: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="run the engine's forwards eagerly on CUDA")
 
 
 def _fit_parser(sub) -> None:
@@ -179,7 +181,8 @@ def run_data(args) -> int:
         return 2
     num = args.num if args.num is not None else len(prompts)
     engine = Engine(args.target, device=args.device, dtype=args.dtype,
-                    max_num_seqs=args.max_num_seqs, progress=not args.quiet)
+                    max_num_seqs=args.max_num_seqs, cuda_graphs=args.cuda_graphs,
+                    progress=not args.quiet)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens,
                            answer_temperature=args.answer_temperature,
                            user_temperature=args.user_temperature, user_top_p=args.user_top_p,

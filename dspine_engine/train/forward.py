@@ -137,9 +137,10 @@ class TrainingForward:
         return DraftOutputs(d.norm(hidden)[:, :, 1:], features)
 
     def _block_input(self, blocks: Blocks) -> torch.Tensor:
-        """``[anchor embedding, mask row x (B-1)]`` per block: ``[b, n, B, H]``."""
+        """``[anchor embedding, mask row x (B-1)]`` per block: ``[b, n, B, H]``, in the master
+        weights' dtype so the residual stream stays fp32 under bf16 autocast."""
         d = self.draft
-        anchor = F.embedding(blocks.tokens[..., :1], self.embed)
+        anchor = F.embedding(blocks.tokens[..., :1], self.embed).to(d.norm.weight.dtype)
         mask_row = (d.mask_embedding if d.mask_embedding is not None
                     else self.embed[d.config.mask_token_id])
         rest = mask_row.to(anchor.dtype).expand(*anchor.shape[:2], blocks.positions.shape[2] - 1,

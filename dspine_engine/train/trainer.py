@@ -41,7 +41,7 @@ RUNTIME_FIELDS = ("max_minutes", "save_every", "log_every", "ce_chunk", "eval_ba
 class TrainConfig:
     steps: int | None = None  # optimizer steps; None: `epochs` passes over the data
     epochs: float = 1.0
-    batch_size: int = 16  # sequences per micro-batch
+    batch_size: int = 32  # sequences per micro-batch (64 suits SmolLM2 on an H200)
     grad_accum: int = 1
     lr: float = 6e-4
     min_lr_ratio: float = 0.05  # the cosine ends at lr * min_lr_ratio
@@ -53,7 +53,7 @@ class TrainConfig:
     gamma: float | None = None  # None: 7 * B / 16
     layer_weight: float = 1.0
     transition_weight: float = 1.0
-    ce_chunk: int = 4096
+    ce_chunk: int = 8192
     bf16: bool = True  # autocast on CUDA (CPU always runs fp32)
     seed: int = 0
     save_every: int = 500
@@ -210,6 +210,7 @@ class Trainer:
         first_step = self.step
         bar = tqdm(total=self.total_steps, initial=self.step, desc="fit", unit="step")
         window_terms, window_counts, window_steps = {}, None, 0
+        window_start = time.monotonic()
         try:
             while self.step < self.total_steps:
                 if time.monotonic() + step_time + save_time > deadline:
@@ -224,8 +225,10 @@ class Trainer:
                 window_counts = merge_metrics(window_counts, counts)
                 window_steps += 1
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                    self._log_train(bar, window_terms, window_counts, window_steps)
+                    self._log_train(bar, window_terms, window_counts, window_steps,
+                                    time.monotonic() - window_start)
                     window_terms, window_counts, window_steps = {}, None, 0
+                    window_start = time.monotonic()
                 bar.update()
                 step_time = 0.9 * step_time + 0.1 * (time.monotonic() - t0) if step_time else (
                     time.monotonic() - t0)
@@ -241,9 +244,12 @@ class Trainer:
             self._save_timed()
         return True
 
-    def _log_train(self, bar, terms, counts, steps) -> None:
+    def _log_train(self, bar, terms, counts, steps, seconds) -> None:
         row = {"step": self.step, "lr": self.sched.get_last_lr()[0],
-               **{k: float(v) / steps for k, v in terms.items()}, **summarize_metrics(counts)}
+               **{k: float(v) / steps for k, v in terms.items()}, **summarize_metrics(counts),
+               "step_seconds": seconds / steps}
+        if self.device.type == "cuda":
+            row["peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self._append_log(row)
         short = {"loss": row["loss"], "final": row["final"], "tr": row.get("transition"),
                  "lw": row.get("layers"), "acc": row["acc"], "tau": row["tau"], "lr": row["lr"]}
