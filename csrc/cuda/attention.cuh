@@ -40,6 +40,7 @@ struct PagedAttentionParams {
   int64_t num_tokens;    // query rows
   int64_t num_pages;
   int batch, q_heads, kv_heads, head_dim, page_size, max_pages, max_q_len;
+  int page_shift;  // log2(page_size) when it is a power of two, else -1
   int window;  // <= 0: none; else query p sees key k only if p - k < window
   bool causal;
   float scale;
@@ -62,7 +63,7 @@ __device__ __forceinline__ KeyRange visible_keys(int pos, int kv_len, bool causa
 // or -1 when the block table has no valid page there (freed, or past the table / pool).
 __device__ __forceinline__ int64_t kv_offset(const int32_t* table, int kp, const PagedAttentionParams& p,
                                              int kvh, int d) {
-  const int page_idx = kp / p.page_size;
+  const int page_idx = p.page_shift >= 0 ? kp >> p.page_shift : kp / p.page_size;
   if (page_idx >= p.max_pages) return -1;
   const int page = table[page_idx];
   if (page < 0 || page >= p.num_pages) return -1;
@@ -476,6 +477,12 @@ inline bool attention_uses_mma(bool half_precision, int head_dim) {
   return half_precision && (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
+inline int page_shift_of(int page_size) {
+  int shift = 0;
+  while ((1 << shift) < page_size) ++shift;
+  return (1 << shift) == page_size ? shift : -1;
+}
+
 // Split count for the tensor-core path, from shapes alone (kv_lens live on the device).
 inline int attention_num_splits(const PagedAttentionParams& p, int num_sms) {
   const int block_m = 64;
@@ -512,9 +519,8 @@ void launch_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(row_tiles));
-  auto kernel = paged_attention_mma_kernel<T, D>;
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmemBytes));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  allow_max_dynamic_smem<paged_attention_mma_kernel<T, D>>();
+  paged_attention_mma_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   if (p.num_splits > 1) {
     const int64_t rows = p.num_tokens * p.q_heads;
     combine_splits_kernel<T><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(p);

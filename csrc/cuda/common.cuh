@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace dspine {
@@ -19,6 +20,21 @@ __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a
 __host__ __device__ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Lets `Kernel` use the device's whole opt-in shared memory (beyond the default 48 KiB). The
+// attribute is per device; it is set once per device instead of a driver call per launch.
+template <auto Kernel>
+void allow_max_dynamic_smem() {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const uint64_t bit = 1ull << (dev & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  int optin = 0;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+  done.fetch_or(bit, std::memory_order_release);
+}
 
 // ---- element conversions (all arithmetic happens in fp32) ------------------------------------
 

@@ -158,14 +158,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
        succ = use_t ? succ_in.contiguous() : succ_in;
   const int64_t b = logits.size(0), j = logits.size(1), v = logits.size(2);
   TORCH_CHECK(v < INT32_MAX && b * j < INT32_MAX, "transition_walk: too large");
-  const size_t smem = gpu::walk_smem_bytes(static_cast<int>(j), static_cast<int>(top_k));
-  TORCH_CHECK(static_cast<int64_t>(smem) + 4096 <= max_dynamic_smem(),
-              "transition_walk: J * top_k^2 is too large for shared memory");
   auto opts = logits.options();
   auto tokens = at::empty({b, j}, opts.dtype(at::kLong));
   auto cand_ids = at::empty({b, j, top_k}, opts.dtype(at::kLong));
   auto cand_probs = at::empty({b, j, top_k}, opts.dtype(at::kFloat));
   auto cand_vals = at::empty({b, j, top_k}, opts.dtype(at::kFloat));
+  auto pair = at::empty({b, j, top_k, top_k}, opts.dtype(at::kFloat));
   auto arrivals = at::zeros({b}, opts.dtype(at::kInt));
   gpu::WalkParams p{};
   p.logits = logits.data_ptr();
@@ -179,6 +177,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   p.cand_ids = cand_ids.data_ptr<int64_t>();
   p.cand_probs = cand_probs.data_ptr<float>();
   p.cand_vals = cand_vals.data_ptr<float>();
+  p.pair = pair.data_ptr<float>();
   p.arrivals = arrivals.data_ptr<int>();
   p.batch = static_cast<int>(b);
   p.positions = static_cast<int>(j);
@@ -187,6 +186,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   p.top_k = static_cast<int>(top_k);
   p.chunk_len = gpu::row_chunk_len(v);
   p.vec_ok = rows_vectorisable(logits, v);
+  TORCH_CHECK(static_cast<int64_t>(gpu::walk_smem_bytes(p, logits.element_size())) <= max_dynamic_smem(),
+              "transition_walk: positions * top_k^2 or top_k * rank is too large for shared memory");
   dispatch_float(logits.scalar_type(), "transition_walk", [&](auto tag) {
     using T = decltype(tag);
     gpu::launch_transition_walk<T>(p, stream());

@@ -46,15 +46,23 @@ __device__ __forceinline__ void load_group(const T* row, int i0, int vocab, bool
 }
 
 // f(index, value, valid) for every element slot of this thread's chunk (uniform trip count).
+// Loads are issued kBatch groups at a time so that enough bytes are in flight to cover HBM latency.
 template <typename T, typename F>
 __device__ __forceinline__ void for_each_in_chunk(const T* row, int vocab, int chunk_len, bool vec_ok, F&& f) {
+  constexpr int kBatch = 4;
   const int begin = threadIdx.x * chunk_len;
-#pragma unroll 2
-  for (int g = 0; g < chunk_len; g += kGroup) {
-    float v[kGroup];
-    load_group(row, begin + g, vocab, vec_ok, v);
+  for (int g = 0; g < chunk_len; g += kBatch * kGroup) {
+    float v[kBatch][kGroup];
 #pragma unroll
-    for (int e = 0; e < kGroup; ++e) f(begin + g + e, v[e], begin + g + e < vocab);
+    for (int k = 0; k < kBatch; ++k)
+      if (g + k * kGroup < chunk_len) load_group(row, begin + g + k * kGroup, vocab, vec_ok, v[k]);
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      if (g + k * kGroup >= chunk_len) break;  // uniform: chunk_len is the same in every thread
+      const int i0 = begin + g + k * kGroup;
+#pragma unroll
+      for (int e = 0; e < kGroup; ++e) f(i0 + e, v[k][e], i0 + e < vocab);
+    }
   }
 }
 
@@ -293,21 +301,24 @@ __device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec
 
 // ---- the filtered sampling distribution (ops.py:sampling_probs_ref) ---------------------------
 
-// p(x) = softmax(x / t) restricted to x / t >= kth (top-k), then to p >= tau (top-p), renormalised
-// by z2. kth = -inf and tau = 0 / z2 = 1 when a filter is off.
+// p(x) = softmax(x / t) restricted to x / t >= kth (top-k), then to p >= tau (top-p), renormalised.
+// kth = -inf and tau = 0 / inv_z2 = 1 when a filter is off. The hot loops multiply by reciprocals
+// (x * (1/t), e * (1/z)) instead of dividing: IEEE divisions per element would make the pass
+// compute-bound. Values are within an ulp of torch's; the filters use the same function as the
+// sampling, so they stay consistent with each other.
 struct DistStats {
-  float t, m, z1, kth, tau, z2;
+  float inv_t, m, inv_z1, kth, tau, inv_z2;
 };
 
 __device__ __forceinline__ float prob_before_top_p(const DistStats& st, float x) {
-  const float xs = __fdiv_rn(x, st.t);
+  const float xs = x * st.inv_t;
   if (!(xs >= st.kth)) return 0.f;
-  return __fdiv_rn(__expf(xs - st.m), st.z1);
+  return __expf(xs - st.m) * st.inv_z1;
 }
 
 __device__ __forceinline__ float prob(const DistStats& st, float x) {
   const float p1 = prob_before_top_p(st, x);
-  return p1 >= st.tau ? __fdiv_rn(p1, st.z2) : 0.f;
+  return p1 >= st.tau ? p1 * st.inv_z2 : 0.f;
 }
 
 constexpr double kMassOne = 281474976710656.0;  // 2^48: fixed-point unit of probability mass
@@ -330,10 +341,11 @@ template <typename T>
 __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, bool vec_ok, float t, int top_k,
                                        float top_p, DistScratch& sh) {
   DistResult r;
-  r.st = DistStats{t, 0.f, 1.f, -INFINITY, 0.f, 1.f};
+  const float inv_t = __frcp_rn(t);
+  r.st = DistStats{inv_t, 0.f, 1.f, -INFINITY, 0.f, 1.f};
   if (top_k > 0 && top_k < vocab) {
     uint32_t key;
-    const auto scaled = [t](float x) { return __fdiv_rn(x, t); };
+    const auto scaled = [inv_t](float x) { return x * inv_t; };
     const auto count = [](float v) { return isnan(v) ? 0ull : 1ull; };
     if (radix_threshold(row, vocab, chunk_len, vec_ok, scaled, count, static_cast<unsigned long long>(top_k),
                         sh.radix, key))
@@ -344,7 +356,7 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
   float m_t = -INFINITY, e_t = 0.f;
   int kept = 0;
   for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
-    const float xs = __fdiv_rn(x, t);
+    const float xs = x * inv_t;
     if (!valid || !(xs >= kth)) return;
     ++kept;
     if (xs > m_t) {
@@ -356,8 +368,9 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
   });
   r.st.m = block_max(m_t, sh.fscratch);
   const double e_scaled = m_t == -INFINITY ? 0.0 : static_cast<double>(e_t) * __expf(m_t - r.st.m);
-  r.st.z1 = static_cast<float>(block_sum(e_scaled, sh.dscratch));
-  r.chunk_mass = e_scaled / r.st.z1;
+  const double z1 = block_sum(e_scaled, sh.dscratch);
+  r.st.inv_z1 = static_cast<float>(1.0 / z1);
+  r.chunk_mass = e_scaled / z1;
   if (top_p < 1.f) {
     uint32_t key;
     const DistStats st = r.st;
@@ -378,8 +391,9 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
         ++kept;
       }
     });
-    r.st.z2 = static_cast<float>(block_sum(kept_mass, sh.dscratch));
-    r.chunk_mass = kept_mass / r.st.z2;
+    const double z2 = block_sum(kept_mass, sh.dscratch);
+    r.st.inv_z2 = static_cast<float>(1.0 / z2);
+    r.chunk_mass = kept_mass / z2;
   }
   r.kept = block_sum(kept, sh.iscratch);
   return r;

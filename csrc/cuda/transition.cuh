@@ -1,14 +1,18 @@
-// Transition-cache scoring and the chain walk (CUDA), one launch for the whole batch.
+// Transition-cache scoring and the chain walk (CUDA): two launches for the whole batch.
 // Semantics: dspine_engine/ops.py:transition_walk.
 //
-// grid = batch * J CTAs, one per (sequence, position) row of logits:
-// 1. Top-K of the row: each thread keeps a sorted register list of its chunk's K best (one pass
-//    over V, 16-byte loads), then K rounds of a block-wide tournament between the list heads give
-//    the candidates in order (higher score first, ties to the lower id).
-// 2. The last CTA of a sequence to finish (atomic arrival counter) does the serial part: all
-//    K x K pair scores s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r] for a in C_{j-1}
-//    (the anchor for j = 0), one warp per (j, a), into shared memory; then one thread walks the
-//    chain, a K-wide lookup per position (greedy first-max, or inverse-CDF over softmax(s / T)).
+// 1. walk_topk_kernel, one CTA per (sequence, position) row of logits: each thread keeps a sorted
+//    register list of its chunk's K best (one pass over V, 16-byte loads), then K rounds of a
+//    block-wide tournament between the list heads give the candidates C_j in order (higher score
+//    first, ties to the lower id).
+// 2. walk_pairs_kernel, again one CTA per row: all K x K pair scores
+//    s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r] for a in C_{j-1} (the anchor for j = 0):
+//    the 2K + 1 table rows are staged into shared memory with every load in flight at once, then
+//    one warp per (a, c) pair reduces over r. The last CTA of a sequence (atomic arrival counter)
+//    walks the chain with one thread: a K-wide lookup per position (greedy first-max, or
+//    inverse-CDF over softmax(s / T)).
+// The pair scores need C_{j-1} and C_j, which come from different CTAs of launch 1; a second
+// launch is the dependency-free way to wait for them while keeping the table gathers parallel.
 #pragma once
 
 #include "sampling.cuh"
@@ -28,45 +32,88 @@ struct WalkParams {
   int64_t* cand_ids;      // [batch, J, K]
   float* cand_probs;      // [batch, J, K]
   float* cand_vals;       // workspace [batch, J, K]: U at the candidates
+  float* pair;            // workspace [batch, J, K, K]: s_j(c | a) at [a][c]
   int* arrivals;          // [batch], zero before the launch
   int batch, positions, vocab, rank, top_k, chunk_len;
   bool vec_ok;
 };
 
-// Shared memory of the walk: pair scores [J][K][K], candidate scores [J][K], ids [J][K],
-// uniforms [J] and the current q [K].
-inline size_t walk_smem_bytes(int positions, int top_k) {
-  const size_t jk = static_cast<size_t>(positions) * top_k;
-  return (jk * top_k + 2 * jk + positions + top_k) * sizeof(float);
+constexpr int kWalkMaxK = 32;
+
+template <typename T, int MAXK>
+__global__ void __launch_bounds__(kRowThreads) walk_topk_kernel(const WalkParams p) {
+  __shared__ float top_v[MAXK];
+  __shared__ int top_id[MAXK];
+  __shared__ BestScratch best;
+  const int row = blockIdx.x;
+  const T* x = static_cast<const T*>(p.logits) + static_cast<int64_t>(row) * p.vocab;
+  TopList<MAXK> list;
+  list.init();
+  for_each_in_chunk(x, p.vocab, p.chunk_len, p.vec_ok, [&](int i, float v, bool valid) {
+    if (valid) list.push(v, i);
+  });
+  block_top_k(list, p.top_k, top_v, top_id, best);
+  if (threadIdx.x < p.top_k) {
+    const int id = top_id[threadIdx.x];  // INT_MAX only in rows of NaN: keep indices in range
+    p.cand_ids[static_cast<int64_t>(row) * p.top_k + threadIdx.x] = id < p.vocab ? id : 0;
+    p.cand_vals[static_cast<int64_t>(row) * p.top_k + threadIdx.x] = top_v[threadIdx.x];
+  }
 }
 
+// Shared memory of launch 2: the staged table rows, later reused by the walk.
+inline size_t walk_stage_bytes(int top_k, int rank, size_t elem) {
+  return (2 * static_cast<size_t>(top_k) + 1) * rank * elem + 2 * top_k * sizeof(int);
+}
+inline size_t walk_chain_bytes(int positions, int top_k) {
+  const size_t jk = static_cast<size_t>(positions) * top_k;
+  return (jk * top_k + jk + positions + top_k) * sizeof(float);
+}
+
+// Row (b, j): pair[a][c] = U_j(c) + sum_r (P[a_id, r] g_j[r]) Q[c_id, r].
 template <typename T>
-__device__ void pair_scores(const WalkParams& p, int b, const int* ids, const float* vals, float* pair) {
-  const int J = p.positions, K = p.top_k;
+__device__ void pair_scores_of_row(const WalkParams& p, int b, int j, unsigned char* smem) {
+  const int K = p.top_k, r = p.rank;
+  const int64_t row = static_cast<int64_t>(b) * p.positions + j;
+  const float* vals = p.cand_vals + row * K;
+  float* out = p.pair + row * K * K;
   if (!p.g) {
-    for (int i = threadIdx.x; i < J * K * K; i += blockDim.x) pair[i] = vals[(i / (K * K)) * K + i % K];
+    for (int i = threadIdx.x; i < K * K; i += blockDim.x) out[i] = vals[i % K];
     return;
   }
-  const T* g = static_cast<const T*>(p.g);
+  const int n_prev = j == 0 ? 1 : K;
+  int* ids = reinterpret_cast<int*>(smem);  // [n_prev] predecessors, then [K] candidates (-1: none)
+  T* rows = reinterpret_cast<T*>(smem + 2 * K * sizeof(int));  // [n_prev] P, [K] Q, [1] g_j
+  for (int i = threadIdx.x; i < n_prev + K; i += blockDim.x) {
+    const int64_t id = i >= n_prev ? p.cand_ids[row * K + i - n_prev]
+                       : j == 0    ? p.anchor[b]
+                                   : p.cand_ids[(row - 1) * K + i];
+    ids[i] = id >= 0 && id < p.vocab ? static_cast<int>(id) : -1;
+  }
+  __syncthreads();
   const T* pred = static_cast<const T*>(p.pred);
   const T* succ = static_cast<const T*>(p.succ);
-  const int r = p.rank;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int tasks = 1 + (J - 1) * K;  // (j = 0, the anchor), then (j >= 1, a in C_{j-1})
-  for (int task = warp; task < tasks; task += blockDim.x / kWarpSize) {
-    const int j = task == 0 ? 0 : 1 + (task - 1) / K;
-    const int a = task == 0 ? 0 : (task - 1) % K;
-    const int64_t prev = j == 0 ? p.anchor[b] : ids[(j - 1) * K + a];
-    const bool has_prev = prev >= 0 && prev < p.vocab;
-    const T* pa = pred + (has_prev ? prev : 0) * r;
-    const T* gj = g + (static_cast<int64_t>(b) * J + j) * r;
-    for (int c = 0; c < K; ++c) {
-      const T* qc = succ + static_cast<int64_t>(ids[j * K + c]) * r;
-      float dot = 0.f;
-      for (int x = lane; x < r; x += kWarpSize) dot += (to_float(pa[x]) * to_float(gj[x])) * to_float(qc[x]);
-      dot = warp_sum(dot);
-      if (lane == 0) pair[(j * K + a) * K + c] = vals[j * K + c] + (has_prev ? dot : 0.f);
-    }
+  const T* g = static_cast<const T*>(p.g) + row * r;
+  const int n_rows = n_prev + K + 1;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < n_rows * r; i += blockDim.x) {  // independent loads: all in flight
+    const int rr = i / r, x = i % r;
+    const int id = rr < n_prev + K ? ids[rr] : 0;
+    const T* src = rr < n_prev ? pred + static_cast<int64_t>(id) * r
+                   : rr < n_prev + K ? succ + static_cast<int64_t>(id) * r
+                                     : g;
+    rows[i] = id >= 0 ? src[x] : from_float<T>(0.f);
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % kWarpSize;
+  const T* sg = rows + (n_prev + K) * r;
+  for (int pair = threadIdx.x / kWarpSize; pair < n_prev * K; pair += blockDim.x / kWarpSize) {
+    const int a = pair / K, c = pair % K;
+    const T* pa = rows + a * r;
+    const T* qc = rows + (n_prev + c) * r;
+    float dot = 0.f;
+    for (int x = lane; x < r; x += kWarpSize) dot += (to_float(pa[x]) * to_float(sg[x])) * to_float(qc[x]);
+    dot = warp_sum(dot);
+    if (lane == 0) out[a * K + c] = vals[c] + dot;
   }
 }
 
@@ -89,8 +136,8 @@ __device__ inline int first_argmax(const float* s, int n) {
   return best;
 }
 
-// One thread: the serial walk from the anchor over the precomputed pair scores (all operands in
-// shared memory; global memory is only written).
+// One thread: the serial walk from the anchor over the pair scores (all operands in shared
+// memory; global memory is only written).
 __device__ inline void walk_chain(const WalkParams& p, int b, const int* ids, const float* pair, const float* u,
                                   float t, float* q) {
   const int J = p.positions, K = p.top_k;
@@ -112,60 +159,40 @@ __device__ inline void walk_chain(const WalkParams& p, int b, const int* ids, co
   }
 }
 
-// Run by the last CTA of sequence b, after every position's candidates are in global memory.
-template <typename T>
-__device__ void walk_sequence(const WalkParams& p, int b) {
-  extern __shared__ float walk_smem[];
+// Run by the last CTA of sequence b, once every row's pair scores are in global memory.
+__device__ inline void walk_sequence(const WalkParams& p, int b, unsigned char* smem) {
   const int J = p.positions, K = p.top_k;
-  float* pair = walk_smem;                            // [J][K][K]: pair[(j*K + a)*K + c]
-  float* vals = pair + J * K * K;                     // [J][K]
-  int* ids = reinterpret_cast<int*>(vals + J * K);    // [J][K]
-  float* u = reinterpret_cast<float*>(ids + J * K);   // [J]
-  float* q = u + J;                                   // [K]
-  const int64_t base = static_cast<int64_t>(b) * J * K;
-  for (int i = threadIdx.x; i < J * K; i += blockDim.x) {
-    ids[i] = static_cast<int>(__ldcg(p.cand_ids + base + i));  // written by other CTAs: skip L1
-    vals[i] = __ldcg(p.cand_vals + base + i);
-  }
-  for (int j = threadIdx.x; j < J; j += blockDim.x) u[j] = p.uniforms[static_cast<int64_t>(b) * J + j];
-  __syncthreads();
-  pair_scores<T>(p, b, ids, vals, pair);
+  float* pair = reinterpret_cast<float*>(smem);     // [J][K][K]
+  int* ids = reinterpret_cast<int*>(pair + J * K * K);  // [J][K]
+  float* u = reinterpret_cast<float*>(ids + J * K);  // [J]
+  float* q = u + J;                                  // [K]
+  const int64_t base = static_cast<int64_t>(b) * J;
+  __syncthreads();  // the staging area is reused
+  for (int i = threadIdx.x; i < J * K * K; i += blockDim.x) pair[i] = __ldcg(p.pair + base * K * K + i);
+  for (int i = threadIdx.x; i < J * K; i += blockDim.x) ids[i] = static_cast<int>(p.cand_ids[base * K + i]);
+  for (int i = threadIdx.x; i < J; i += blockDim.x) u[i] = p.uniforms[base + i];
   __syncthreads();
   if (threadIdx.x == 0) walk_chain(p, b, ids, pair, u, p.temperature[b], q);
 }
 
-template <typename T, int MAXK>
-__global__ void __launch_bounds__(kRowThreads) transition_walk_kernel(const WalkParams p) {
-  __shared__ float top_v[MAXK];
-  __shared__ int top_id[MAXK];
-  __shared__ BestScratch best;
-  const int row = blockIdx.x, b = row / p.positions;
-  const T* x = static_cast<const T*>(p.logits) + static_cast<int64_t>(row) * p.vocab;
-
-  TopList<MAXK> list;
-  list.init();
-  for_each_in_chunk(x, p.vocab, p.chunk_len, p.vec_ok, [&](int i, float v, bool valid) {
-    if (valid) list.push(v, i);
-  });
-  block_top_k(list, p.top_k, top_v, top_id, best);
-  if (threadIdx.x < p.top_k) {
-    const int id = top_id[threadIdx.x];  // INT_MAX only for rows of NaN: keep indices in range
-    p.cand_ids[static_cast<int64_t>(row) * p.top_k + threadIdx.x] = id < p.vocab ? id : 0;
-    p.cand_vals[static_cast<int64_t>(row) * p.top_k + threadIdx.x] = top_v[threadIdx.x];
-  }
+template <typename T>
+__global__ void __launch_bounds__(kRowThreads) walk_pairs_kernel(const WalkParams p) {
+  extern __shared__ __align__(16) unsigned char walk_smem[];
+  const int b = blockIdx.x / p.positions, j = blockIdx.x % p.positions;
+  pair_scores_of_row<T>(p, b, j, walk_smem);
   if (!arrive_last(&p.arrivals[b], p.positions)) return;
-  walk_sequence<T>(p, b);
+  walk_sequence(p, b, walk_smem);
 }
 
-constexpr int kWalkMaxK = 32;
+inline size_t walk_smem_bytes(const WalkParams& p, size_t elem) {
+  const size_t stage = p.g ? walk_stage_bytes(p.top_k, p.rank, elem) : 0;
+  const size_t chain = walk_chain_bytes(p.positions, p.top_k);
+  return stage > chain ? stage : chain;
+}
 
 template <typename T, int MAXK>
-void launch_walk_k(const WalkParams& p, cudaStream_t stream) {
-  const size_t smem = walk_smem_bytes(p.positions, p.top_k);
-  auto kernel = transition_walk_kernel<T, MAXK>;
-  if (smem > 48 * 1024)
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  kernel<<<static_cast<unsigned>(p.batch * p.positions), kRowThreads, smem, stream>>>(p);
+void launch_walk_topk(const WalkParams& p, cudaStream_t stream) {
+  walk_topk_kernel<T, MAXK><<<static_cast<unsigned>(p.batch * p.positions), kRowThreads, 0, stream>>>(p);
 }
 
 // Requires 1 <= top_k <= kWalkMaxK and walk_smem_bytes() within the device's shared memory.
@@ -173,12 +200,15 @@ template <typename T>
 void launch_transition_walk(const WalkParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.positions == 0) return;
   if (p.top_k <= 8) {
-    launch_walk_k<T, 8>(p, stream);
+    launch_walk_topk<T, 8>(p, stream);
   } else if (p.top_k <= 16) {
-    launch_walk_k<T, 16>(p, stream);
+    launch_walk_topk<T, 16>(p, stream);
   } else {
-    launch_walk_k<T, kWalkMaxK>(p, stream);
+    launch_walk_topk<T, kWalkMaxK>(p, stream);
   }
+  const size_t smem = walk_smem_bytes(p, sizeof(T));
+  if (smem > 48 * 1024) allow_max_dynamic_smem<walk_pairs_kernel<T>>();
+  walk_pairs_kernel<T><<<static_cast<unsigned>(p.batch * p.positions), kRowThreads, smem, stream>>>(p);
 }
 
 }  // namespace gpu

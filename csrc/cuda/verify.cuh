@@ -121,20 +121,20 @@ template <typename T>
 __device__ void verify_greedy_row(const VerifyParams& p, int b, int j, const T* x, VerifyScratch& sh) {
   const int am = block_argmax(x, p.vocab, p.chunk_len, p.vec_ok, sh.best);
   if (threadIdx.x == 0) {
-    VerifyRow info{DistStats{0.f, 0.f, 1.f, -INFINITY, 0.f, 1.f}, am, 0};
+    VerifyRow info{DistStats{1.f, 0.f, 1.f, -INFINITY, 0.f, 1.f}, am, 0};
     if (j < p.block - 1 && p.draft_tokens[static_cast<int64_t>(b) * (p.block - 1) + j] == am)
       info.flags = kRowAccepted;
     p.rows[b * p.block + j] = info;
   }
 }
 
+// A row written by another CTA of this launch: read through L2 (two 16-byte loads).
 __device__ __forceinline__ VerifyRow load_row(const VerifyRow* r) {
-  VerifyRow out;
-  const int4* src = reinterpret_cast<const int4*>(r);
-  int4* dst = reinterpret_cast<int4*>(&out);
-  dst[0] = __ldcg(src);  // written by other CTAs of the launch: read through L2
-  dst[1] = __ldcg(src + 1);
-  return out;
+  const int4 a = __ldcg(reinterpret_cast<const int4*>(r));
+  const int4 b = __ldcg(reinterpret_cast<const int4*>(r) + 1);
+  const DistStats st{__int_as_float(a.x), __int_as_float(a.y), __int_as_float(a.z),
+                     __int_as_float(a.w), __int_as_float(b.x), __int_as_float(b.y)};
+  return VerifyRow{st, b.z, b.w};
 }
 
 // Value of token i in the distribution being sampled: p, or the residual max(0, p - q).
@@ -253,7 +253,7 @@ __device__ void finish_sequence(const VerifyParams& p, int b, VerifyScratch& sh)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kRowThreads) block_verify_kernel(const VerifyParams p) {
+__global__ void __launch_bounds__(kRowThreads, 4) block_verify_kernel(const VerifyParams p) {  // 64 regs: one wave
   __shared__ VerifyScratch sh;
   const int row = blockIdx.x, b = row / p.block, j = row % p.block;
   const T* x = static_cast<const T*>(p.logits) + static_cast<int64_t>(row) * p.vocab;
