@@ -1,10 +1,23 @@
 // Thin torch binding of the paged attention kernels (attention.cuh). Its own translation unit:
 // the tensor-core instantiations dominate the build time, and this lets them compile in parallel.
+#include <algorithm>
+#include <cstdlib>
+
 #include "attention.cuh"
 #include "binding.h"
 
 namespace dspine {
 namespace cuda {
+
+// DSPINE_ATTN_SPLITS=n forces the split-KV count of the tensor-core path (a tuning aid: every
+// count gives the same result; 0 or unset keeps the shape heuristic).
+static int forced_splits() {
+  static const int value = [] {
+    const char* env = std::getenv("DSPINE_ATTN_SPLITS");
+    return env ? std::max(0, std::min(128, std::atoi(env))) : 0;
+  }();
+  return value;
+}
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
@@ -47,7 +60,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   p.causal = causal;
   p.scale = static_cast<float>(scale);
   TORCH_CHECK(max_q_len * (p.q_heads / p.kv_heads) <= 64LL * 65535, "paged_attention: max_q_len is too large");
-  p.num_splits = mma ? gpu::attention_num_splits(p, num_sms()) : 1;
+  p.num_splits = !mma ? 1 : forced_splits() > 0 ? forced_splits() : gpu::attention_num_splits(p, num_sms());
   at::Tensor workspace;
   if (p.num_splits > 1) {
     workspace = at::empty({gpu::attention_workspace_floats(p)}, q.options().dtype(at::kFloat));
