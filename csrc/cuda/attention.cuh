@@ -40,7 +40,6 @@ struct PagedAttentionParams {
   int64_t num_tokens;    // query rows
   int64_t num_pages;
   int batch, q_heads, kv_heads, head_dim, page_size, max_pages, max_q_len;
-  int page_shift;  // log2(page_size) when it is a power of two, else -1
   int window;  // <= 0: none; else query p sees key k only if p - k < window
   bool causal;
   float scale;
@@ -59,11 +58,17 @@ __device__ __forceinline__ KeyRange visible_keys(int pos, int kv_len, bool causa
   return r;
 }
 
+// log2(page_size) when it is a power of two (the usual case: a shift instead of a division per
+// key row), else -1.
+__device__ __forceinline__ int page_shift_of(int page_size) {
+  return (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+}
+
 // Element offset of key position kp of kv head kvh in the [pages, page_size, kv_heads, d] cache,
 // or -1 when the block table has no valid page there (freed, or past the table / pool).
 __device__ __forceinline__ int64_t kv_offset(const int32_t* table, int kp, const PagedAttentionParams& p,
-                                             int kvh, int d) {
-  const int page_idx = p.page_shift >= 0 ? kp >> p.page_shift : kp / p.page_size;
+                                             int page_shift, int kvh, int d) {
+  const int page_idx = page_shift >= 0 ? kp >> page_shift : kp / p.page_size;
   if (page_idx >= p.max_pages) return -1;
   const int page = table[page_idx];
   if (page < 0 || page >= p.num_pages) return -1;
@@ -89,7 +94,7 @@ struct MmaTile {
 
 // Which rows and keys one CTA handles.
 struct CtaWork {
-  int b, kvh, group, q_begin, n, kv_len, first_pos, row0, rows_here;
+  int b, kvh, group, q_begin, n, kv_len, first_pos, row0, rows_here, page_shift;
   int key_lo, key_hi;    // union of the rows' visible keys (what is loaded)
   int full_lo, full_hi;  // keys visible to every row (tiles inside need no mask)
   int tile_begin, tile_end;
@@ -105,6 +110,7 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   w.n = p.cu_q[w.b + 1] - w.q_begin;
   w.kv_len = p.kv_lens[w.b];
   w.first_pos = w.kv_len - w.n;
+  w.page_shift = page_shift_of(p.page_size);
   // Heaviest (latest, for causal) row tiles first: better balance of the triangular work.
   w.row0 = (gridDim.z - 1 - blockIdx.z) * BLOCK_M;
   w.rows_here = min(BLOCK_M, w.n * w.group - w.row0);
@@ -152,7 +158,7 @@ __device__ __forceinline__ void load_kv_tile(T* sK, T* sV, const PagedAttentionP
   for (int c = threadIdx.x; c < C::kBlockN * C::kChunks; c += C::kThreads) {
     const int r = c / C::kChunks, ch = c % C::kChunks;
     const int kp = tile * C::kBlockN + r;
-    const int64_t off = (kp >= w.key_lo && kp <= w.key_hi) ? kv_offset(table, kp, p, w.kvh, D) : -1;
+    const int64_t off = (kp >= w.key_lo && kp <= w.key_hi) ? kv_offset(table, kp, p, w.page_shift, w.kvh, D) : -1;
     const bool valid = off >= 0;
     cp_async_16(sK + r * C::kPitch + ch * 8, valid ? kc + off + ch * 8 : kc, valid);
     cp_async_16(sV + r * C::kPitch + ch * 8, valid ? vc + off + ch * 8 : vc, valid);
@@ -440,8 +446,9 @@ __global__ void __launch_bounds__(128) paged_attention_simt_kernel(const PagedAt
     acc[e] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
+  const int page_shift = page_shift_of(p.page_size);
   for (int kp = vis.lo; kp <= vis.hi; ++kp) {
-    const int64_t off = kv_offset(table, kp, p, kvh, d);
+    const int64_t off = kv_offset(table, kp, p, page_shift, kvh, d);
     if (off < 0) continue;  // uniform over the warp
     float dot = 0.f;
 #pragma unroll
@@ -475,12 +482,6 @@ __global__ void __launch_bounds__(128) paged_attention_simt_kernel(const PagedAt
 
 inline bool attention_uses_mma(bool half_precision, int head_dim) {
   return half_precision && (head_dim == 64 || head_dim == 128 || head_dim == 256);
-}
-
-inline int page_shift_of(int page_size) {
-  int shift = 0;
-  while ((1 << shift) < page_size) ++shift;
-  return (1 << shift) == page_size ? shift : -1;
 }
 
 // Split count for the tensor-core path, from shapes alone (kv_lens live on the device).

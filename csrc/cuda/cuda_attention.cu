@@ -53,7 +53,6 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   p.kv_heads = static_cast<int>(k_cache.size(2));
   p.head_dim = static_cast<int>(q.size(2));
   p.page_size = static_cast<int>(k_cache.size(1));
-  p.page_shift = gpu::page_shift_of(p.page_size);
   p.max_pages = static_cast<int>(block_tables.size(1));
   p.max_q_len = static_cast<int>(max_q_len);
   p.window = static_cast<int>(window);
