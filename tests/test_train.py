@@ -433,3 +433,22 @@ def test_vocab_cross_entropy_matches_torch():
     torch.testing.assert_close(ce, ref)
     torch.testing.assert_close(got, vectors.grad)
     assert torch.equal(top, logits.argmax(-1))
+
+
+def test_new_draft_sizing_and_init_from_target(tiny_target):
+    from dspine_engine.models.config import ModelConfigError
+    from dspine_engine.train.draft_init import copy_target_layers
+
+    cfg = new_draft_config(tiny_target.config, layers=1, target_layers=[1])
+    t = tiny_target.config
+    assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size,
+            cfg.block_size, cfg.vocab_size) == (t.hidden_size, t.num_heads, t.num_kv_heads,
+                                                t.intermediate_size, 16, t.vocab_size)
+    assert cfg.mask_token_id is None and cfg.injection and cfg.transition
+    with pytest.raises(ModelConfigError):  # 2 taps cannot be spaced over 3 layers DFlash's way
+        new_draft_config(tiny_target.config, layers=2)
+    draft = DSpineDraft(cfg).init_weights()
+    assert copy_target_layers(draft, tiny_target) == [2]
+    src, layer = tiny_target.layers[2], draft.layers[0]
+    torch.testing.assert_close(layer.mlp.down_proj.weight, src.down_w)
+    torch.testing.assert_close(layer.self_attn.v_proj.weight, src.qkv_w[-t.num_kv_heads * t.head_dim:])
