@@ -39,7 +39,7 @@ def _tiny_vocab_model(path):
                          max_position_embeddings=128, eos_token_id=15, tie_word_embeddings=True)
     model = tf.LlamaForCausalLM(cfg)
     with torch.no_grad():  # sharpen the distribution a little so it is far from uniform
-        model.model.embed_tokens.weight.mul_(40)
+        model.model.embed_tokens.weight.mul_(6)
     model.save_pretrained(path)
     draft = DSpineDraft(DraftConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
                                     head_dim=8, intermediate_size=64, vocab_size=VOCAB,
@@ -103,8 +103,10 @@ def test_speculative_sampling_matches_target_distribution(tiny, filters):
 def test_the_statistical_test_catches_a_wrong_residual(tiny, monkeypatch):
     """Resampling from p after a rejection (instead of max(0, p - q)) must be detected."""
 
+    correct = ops.block_verify
+
     def wrong_residual(logits, drafts, cand_ids, cand_probs, temp, top_k, top_p, u, lens):
-        accept, out, new = ops.block_verify(logits, drafts, cand_ids, cand_probs, temp, top_k,
+        accept, out, new = correct(logits, drafts, cand_ids, cand_probs, temp, top_k,
                                             top_p, u, lens)
         for b in range(logits.shape[0]):  # redo the final sample from p at the stop position
             n = int(accept[b])
