@@ -41,7 +41,7 @@ def test_generate_reads_stdin_and_raw_mode(tiny_llama):
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "2"], "top_p"),
-    (["--model", "/no/such/model"], "does not exist"),
+    (["--model", "/no/such/model"], "not found"),
 ])
 def test_generate_errors_are_clear(tiny_llama, args, message):
     base = ["dspine_engine.cli.generate", "--quiet", "--model", str(tiny_llama)]
