@@ -110,15 +110,24 @@ class Engine:
                                    max_num_seqs, max_prefill_tokens)
         self.runner = ModelRunner(self.target, self.draft, self.target_kv, self.draft_kv)
         if cuda_graphs and self.device.type == "cuda":
-            from .cuda_graphs import CudaGraphRunner
-
-            self.runner.graphs = CudaGraphRunner(self.runner, max_num_seqs, progress=progress)
+            self._capture_graphs(max_num_seqs, progress)
         self.stats = EngineStats(accepted_by_position=[0] * (self.block - 1))
         self._seqs: dict[str, Sequence] = {}  # unfinished requests (and aborted, until reported)
         self._aborted: list[Sequence] = []
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ setup
+    def _capture_graphs(self, max_num_seqs: int, progress: bool) -> None:
+        from .cuda_graphs import CudaGraphRunner
+
+        try:
+            self.runner.graphs = CudaGraphRunner(self.runner, max_num_seqs, progress=progress)
+        except Exception:  # a capture failure costs speed, never correctness
+            log.warning("CUDA graph capture failed; running the forwards eagerly",
+                        exc_info=True)
+            self.runner.graphs = None
+            torch.cuda.synchronize(self.device)
+
     def _build_caches(self, kv_cache_tokens: int | None, page_size: int) -> None:
         cfg = self.target.config
         if kv_cache_tokens is None:
