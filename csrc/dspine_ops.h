@@ -49,6 +49,10 @@ void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,
                        const at::Tensor& temperature, const at::Tensor& top_k,
                        const at::Tensor& top_p, const at::Tensor& uniforms,
                        const at::Tensor& seq_lens);
+// Shared by the norm / RoPE / KV-write bindings of both backends.
+void check_norm_rows(const at::Tensor& x, const at::Tensor& w, const char* name);
+void check_rope_table(const at::Tensor& positions, const at::Tensor& cos_sin, int64_t n, int64_t d);
+void check_token_rows(const at::Tensor& x, const char* name);
 void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,
                      const at::Tensor& succ_table, const at::Tensor& anchor, int64_t top_k,
                      const at::Tensor& temperature, const at::Tensor& uniforms);

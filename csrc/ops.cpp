@@ -68,6 +68,28 @@ void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Te
               "transition_walk: uniforms must be fp32 [batch, J]");
 }
 
+void check_norm_rows(const at::Tensor& x, const at::Tensor& w, const char* name) {
+  TORCH_CHECK(x.is_contiguous(), name, ": input must be contiguous");
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), name, ": weight must match the last dim");
+  TORCH_CHECK(w.scalar_type() == x.scalar_type(), name, ": weight dtype must match the input");
+  TORCH_CHECK(x.size(-1) < INT32_MAX, name, ": rows are too long");
+}
+
+void check_rope_table(const at::Tensor& positions, const at::Tensor& cos_sin, int64_t n, int64_t d) {
+  TORCH_CHECK(positions.scalar_type() == at::kInt && positions.numel() == n, "rope: positions must be int32 [tokens]");
+  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.dim() == 2 && cos_sin.size(1) == d &&
+                  cos_sin.is_contiguous(),
+              "rope: cos_sin must be a contiguous fp32 [max_positions, head_dim] table");
+  TORCH_CHECK(d % 2 == 0, "rope: head_dim must be even");
+  TORCH_CHECK(cos_sin.size(0) < INT32_MAX, "rope: cos_sin has too many positions");
+}
+
+// [tokens, heads, d] tensors may be row views of a fused projection: heads and d contiguous.
+void check_token_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.dim() == 3, name, ": expected [tokens, heads, head_dim]");
+  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), name, ": heads must be contiguous");
+}
+
 }  // namespace dspine
 
 TORCH_LIBRARY(dspine, m) {

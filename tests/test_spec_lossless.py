@@ -44,19 +44,22 @@ def ar_reference(smollm2_engine, real_prompts):
         real_prompts, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))]
 
 
-@pytest.mark.parametrize("variant,kw", [
-    ("dspine", {}),
-    ("dflash-window", dict(injection=False, transition=False, sliding_window=48)),
+# The DFlash + sliding-window variant runs batched only: its batch-1 path is the same code, and
+# each batch-1 pass over 20 prompts costs minutes of CPU (16-token fp32 verifies).
+@pytest.mark.parametrize("variant,kw,batch1", [
+    ("dspine", {}, True),
+    ("dflash-window", dict(injection=False, transition=False, sliding_window=48), False),
 ])
-def test_greedy_lossless_random_draft(variant, kw, tmp_path, smollm2_dir, real_prompts,
+def test_greedy_lossless_random_draft(variant, kw, batch1, tmp_path, smollm2_dir, real_prompts,
                                       ar_reference):
     draft = write_random_draft(tmp_path / variant, **kw)
     eng = Engine(smollm2_dir, draft=draft, progress=False, max_num_seqs=32)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     batched = eng.generate(real_prompts, params)
     assert [r.token_ids for r in batched] == ar_reference
-    one_by_one = [eng.generate(p, params)[0].token_ids for p in real_prompts]
-    assert one_by_one == ar_reference
+    if batch1:
+        one_by_one = [eng.generate(p, params)[0].token_ids for p in real_prompts]
+        assert one_by_one == ar_reference
     assert all(r.stats.rounds > 0 for r in batched)
     # Every page (and reservation) of both pools came back.
     for kv in (eng.target_kv, eng.draft_kv):

@@ -232,14 +232,12 @@ dspine_status dspine_cuda_transition_walk_f32(const float* logits, const float* 
     require_int(batch * positions, op, "batch * positions");
     require_walk_ptrs(op, logits, g, pred_table, succ_table, anchor, temperature, uniforms, tokens, cand_ids,
                       cand_probs, rank);
-    const size_t smem = dspine::gpu::walk_smem_bytes(static_cast<int>(positions), static_cast<int>(top_k));
-    require(static_cast<int64_t>(smem) + 4096 <= device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, op), op,
-            ": positions * top_k^2 is too large for shared memory");
-
-    // Scratch: the candidates' logits [batch, J, K] floats, then the arrival counters [batch].
+    // Scratch: the candidates' logits [batch, J, K], the pair scores [batch, J, K, K] (floats),
+    // then the arrival counters [batch].
     const size_t vals_bytes = static_cast<size_t>(batch * positions * top_k) * sizeof(float);
-    StreamScratch scratch(vals_bytes + static_cast<size_t>(batch) * sizeof(int), stream, op);
-    int* arrivals = reinterpret_cast<int*>(scratch.bytes() + vals_bytes);
+    const size_t pair_bytes = vals_bytes * static_cast<size_t>(top_k);
+    StreamScratch scratch(vals_bytes + pair_bytes + static_cast<size_t>(batch) * sizeof(int), stream, op);
+    int* arrivals = reinterpret_cast<int*>(scratch.bytes() + vals_bytes + pair_bytes);
     cuda_check(cudaMemsetAsync(arrivals, 0, static_cast<size_t>(batch) * sizeof(int), stream), op, "cudaMemsetAsync");
 
     dspine::gpu::WalkParams p{};
@@ -254,6 +252,7 @@ dspine_status dspine_cuda_transition_walk_f32(const float* logits, const float* 
     p.cand_ids = cand_ids;
     p.cand_probs = cand_probs;
     p.cand_vals = reinterpret_cast<float*>(scratch.bytes());
+    p.pair = reinterpret_cast<float*>(scratch.bytes() + vals_bytes);
     p.arrivals = arrivals;
     p.batch = static_cast<int>(batch);
     p.positions = static_cast<int>(positions);
@@ -262,6 +261,9 @@ dspine_status dspine_cuda_transition_walk_f32(const float* logits, const float* 
     p.top_k = static_cast<int>(top_k);
     p.chunk_len = dspine::gpu::row_chunk_len(vocab);
     p.vec_ok = rows_vectorisable(logits, vocab);
+    const size_t smem = dspine::gpu::walk_smem_bytes(p, sizeof(float));
+    require(static_cast<int64_t>(smem) <= device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, op), op,
+            ": positions * top_k^2 is too large for shared memory");
     dspine::gpu::launch_transition_walk<float>(p, stream);
     check_launch(op);
   });

@@ -15,15 +15,9 @@ namespace cpu {
 #define DSPINE_DISPATCH_FLOATS(TYPE, NAME, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, TYPE, NAME, __VA_ARGS__)
 
-static void check_rows(const at::Tensor& x, const at::Tensor& w, const char* name) {
-  TORCH_CHECK(x.is_contiguous(), name, ": input must be contiguous");
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), name, ": weight must match the last dim");
-  TORCH_CHECK(w.scalar_type() == x.scalar_type(), name, ": weight dtype must match the input");
-}
-
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
   auto x = x_in.contiguous();
-  check_rows(x, weight, "rms_norm");
+  check_norm_rows(x, weight, "rms_norm");
   auto out = at::empty_like(x);
   const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
   auto w = weight.contiguous();
@@ -37,7 +31,7 @@ at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at::Tensor& res_in,
                                                 const at::Tensor& weight, double eps) {
   auto x = x_in.contiguous(), res = res_in.contiguous();
-  check_rows(x, weight, "add_rms_norm");
+  check_norm_rows(x, weight, "add_rms_norm");
   TORCH_CHECK(res.sizes() == x.sizes() && res.scalar_type() == x.scalar_type(),
               "add_rms_norm: residual must match x");
   auto out = at::empty_like(x), sum = at::empty_like(x);
@@ -48,20 +42,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at
                        out.data_ptr<scalar_t>(), sum.data_ptr<scalar_t>(), rows, d, static_cast<float>(eps));
   });
   return {out, sum};
-}
-
-static void check_rope_table(const at::Tensor& positions, const at::Tensor& cos_sin, int64_t n, int64_t d) {
-  TORCH_CHECK(positions.scalar_type() == at::kInt && positions.numel() == n, "rope: positions must be int32 [tokens]");
-  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.dim() == 2 && cos_sin.size(1) == d &&
-                  cos_sin.is_contiguous(),
-              "rope: cos_sin must be a contiguous fp32 [max_positions, head_dim] table");
-  TORCH_CHECK(d % 2 == 0, "rope: head_dim must be even");
-}
-
-// [tokens, heads, d] tensors may be row views of a fused projection: heads and d contiguous.
-static void check_token_rows(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.dim() == 3, name, ": expected [tokens, heads, head_dim]");
-  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), name, ": heads must be contiguous");
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {

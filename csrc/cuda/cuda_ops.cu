@@ -11,18 +11,11 @@
 namespace dspine {
 namespace cuda {
 
-static void check_rows(const at::Tensor& x, const at::Tensor& w, const char* name) {
-  TORCH_CHECK(x.is_contiguous(), name, ": input must be contiguous");
-  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1), name, ": weight must match the last dim");
-  TORCH_CHECK(w.scalar_type() == x.scalar_type(), name, ": weight dtype must match the input");
-  TORCH_CHECK(x.size(-1) < INT32_MAX, name, ": rows are too long");
-}
-
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
   check_device("rms_norm", x_in, weight);
   const c10::cuda::CUDAGuard guard(x_in.device());
   auto x = x_in.contiguous(), w = weight.contiguous();
-  check_rows(x, w, "rms_norm");
+  check_norm_rows(x, w, "rms_norm");
   auto out = at::empty_like(x);
   const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
   dispatch_float(x.scalar_type(), "rms_norm", [&](auto tag) {
@@ -39,7 +32,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at
   check_device("add_rms_norm", x_in, res_in, weight);
   const c10::cuda::CUDAGuard guard(x_in.device());
   auto x = x_in.contiguous(), res = res_in.contiguous(), w = weight.contiguous();
-  check_rows(x, w, "add_rms_norm");
+  check_norm_rows(x, w, "add_rms_norm");
   TORCH_CHECK(res.sizes() == x.sizes() && res.scalar_type() == x.scalar_type(), "add_rms_norm: residual must match x");
   auto out = at::empty_like(x), sum = at::empty_like(x);
   const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
@@ -50,21 +43,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, sum};
-}
-
-static void check_rope_table(const at::Tensor& positions, const at::Tensor& cos_sin, int64_t n, int64_t d) {
-  TORCH_CHECK(positions.scalar_type() == at::kInt && positions.numel() == n, "rope: positions must be int32 [tokens]");
-  TORCH_CHECK(cos_sin.scalar_type() == at::kFloat && cos_sin.dim() == 2 && cos_sin.size(1) == d &&
-                  cos_sin.is_contiguous(),
-              "rope: cos_sin must be a contiguous fp32 [max_positions, head_dim] table");
-  TORCH_CHECK(d % 2 == 0, "rope: head_dim must be even");
-  TORCH_CHECK(cos_sin.size(0) < INT32_MAX, "rope: cos_sin has too many positions");
-}
-
-// [tokens, heads, d] tensors may be row views of a fused projection: heads and d contiguous.
-static void check_token_rows(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.dim() == 3, name, ": expected [tokens, heads, head_dim]");
-  TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), name, ": heads must be contiguous");
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
