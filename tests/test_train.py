@@ -450,5 +450,5 @@ def test_new_draft_sizing_and_init_from_target(tiny_target):
     draft = DSpineDraft(cfg).init_weights()
     assert copy_target_layers(draft, tiny_target) == [2]
     src, layer = tiny_target.layers[2], draft.layers[0]
-    torch.testing.assert_close(layer.mlp.down_proj.weight, src.down_w)
-    torch.testing.assert_close(layer.self_attn.v_proj.weight, src.qkv_w[-t.num_kv_heads * t.head_dim:])
+    torch.testing.assert_close(layer.mlp.down_proj.weight, src.down.checkpoint_weight)
+    torch.testing.assert_close(layer.self_attn.v_proj.weight, src.qkv.checkpoint_weight[-t.num_kv_heads * t.head_dim:])

@@ -101,7 +101,8 @@ class Engine:
         if draft is not None:
             self.draft = DSpineDraft.load(resolve_draft_path(draft), self.device, self.dtype,
                                           progress=progress)
-            self.draft.bind(self.target.embed, self.target.lm_head, cfg)
+            self.draft.bind(self.target.embed, self.target.lm_head, cfg,
+                            self.target.lm_head_dense)
         self.block = self.draft.config.block_size if self.draft else 1
         self.eos_ids = self.tokenizer.eos_token_ids | set(cfg.eos_token_ids)
         self._build_caches(kv_cache_tokens, page_size)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .. import ops
 from .attention_meta import AttnMeta
 from .config import ModelConfigError
+from .dense import Dense
 from .draft_config import DraftConfig
 from .weights import WeightStore, checkpoint_files, save_checkpoint
 
@@ -145,27 +146,36 @@ class DSpineDraft(nn.Module):
         (path / "config.json").write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
 
     # ------------------------------------------------------------------ binding to a target
-    def bind(self, embed: torch.Tensor, lm_head: torch.Tensor, target_config) -> None:
-        """Attaches the target's embeddings and lm_head (shared, never copied) and builds the
-        inference caches: fused projection weights, RoPE table and the transition tables."""
+    def bind(self, embed: torch.Tensor, lm_head: torch.Tensor, target_config,
+             lm_head_dense: Dense | None = None) -> None:
+        """Attaches the target's embeddings and lm_head (shared, never copied; pass the target's
+        `Dense` of it too) and builds the inference caches: the projections laid out for the
+        device (fused where they share an input), the RoPE table and the transition tables."""
         c = self.config
         c.check_target(target_config)
         dtype, device = lm_head.dtype, lm_head.device
+        cast = lambda *ws: torch.cat([w.to(dtype) for w in ws]).contiguous()  # noqa: E731
         with torch.no_grad():
             b = {"embed": embed, "lm_head": lm_head,
+                 "lm_head_dense": lm_head_dense or Dense(lm_head),
                  "cos_sin": ops.rope_cos_sin(c.head_dim, c.max_position_embeddings, c.rope_theta,
-                                             device=device)}
-            b["kv_w"] = [torch.cat([l.self_attn.k_proj.weight, l.self_attn.v_proj.weight])
-                         .to(dtype).contiguous() for l in self.layers]
-            b["gate_up_w"] = [torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])
-                              .to(dtype).contiguous() for l in self.layers]
+                                             device=device),
+                 "fc": Dense(cast(self.fc.weight))}
+            b["q"] = [Dense(cast(l.self_attn.q_proj.weight)) for l in self.layers]
+            b["kv"] = [Dense(cast(l.self_attn.k_proj.weight, l.self_attn.v_proj.weight))
+                       for l in self.layers]
+            b["o"] = [Dense(cast(l.self_attn.o_proj.weight)) for l in self.layers]
+            b["gate_up"] = [Dense(cast(l.mlp.gate_proj.weight, l.mlp.up_proj.weight))
+                            for l in self.layers]
+            b["down"] = [Dense(cast(l.mlp.down_proj.weight)) for l in self.layers]
             if c.injection:
                 h = c.hidden_size
-                b["inj_gate_h"] = [l.injection.gate.weight[:, :h].to(dtype).contiguous()
-                                   for l in self.layers]
-                b["inj_f"] = [torch.cat([l.injection.gate.weight[:, h:], l.injection.inject.weight])
-                              .to(dtype).contiguous() for l in self.layers]
+                b["inj_pred"] = [Dense(cast(l.injection.predictor.weight)) for l in self.layers]
+                b["inj_gate_h"] = [Dense(cast(l.injection.gate.weight[:, :h])) for l in self.layers]
+                b["inj_f"] = [Dense(cast(l.injection.gate.weight[:, h:], l.injection.inject.weight))
+                              for l in self.layers]
             if c.transition:
+                b["g"] = Dense(cast(self.transition.hidden_proj.weight))
                 b["pred_table"] = (lm_head @ self.transition.pred.weight.to(dtype).T).contiguous()
                 b["succ_table"] = (lm_head @ self.transition.succ.weight.to(dtype).T).contiguous()
             b["mask_row"] = (self.mask_embedding.to(dtype) if self.mask_embedding is not None
@@ -182,13 +192,13 @@ class DSpineDraft(nn.Module):
     @torch.inference_mode()
     def context(self, taps: torch.Tensor) -> torch.Tensor:
         """c_t = RMSNorm(fc(concat of tapped target states))."""
-        return ops.rms_norm(F.linear(taps, self.fc.weight), self.hidden_norm.weight,
+        return ops.rms_norm(self.bound["fc"](taps), self.hidden_norm.weight,
                             self.config.rms_norm_eps)
 
     def _kv(self, i: int, x: torch.Tensor):
         c, layer = self.config, self.layers[i]
         n, kv = x.shape[0], c.num_kv_heads * c.head_dim
-        kvx = F.linear(x, self.bound["kv_w"][i])
+        kvx = self.bound["kv"][i](x)
         k = ops.rms_norm(kvx[:, :kv].view(n, c.num_kv_heads, c.head_dim),
                          layer.self_attn.k_norm.weight, c.rms_norm_eps)
         v = kvx[:, kv:].view(n, c.num_kv_heads, c.head_dim)
@@ -219,9 +229,8 @@ class DSpineDraft(nn.Module):
 
     def heads(self, hn: torch.Tensor):
         """U_j = lm_head(hn_j) and G_j = W_h hn_j (empty without the transition head)."""
-        logits = F.linear(hn, self.bound["lm_head"])
-        g = (F.linear(hn, self.transition.hidden_proj.weight) if self.config.transition
-             else logits.new_empty(0))
+        logits = self.bound["lm_head_dense"](hn)
+        g = self.bound["g"](hn) if self.config.transition else logits.new_empty(0)
         return logits, g
 
     @torch.inference_mode()
@@ -240,19 +249,18 @@ class DSpineDraft(nn.Module):
         window = c.sliding_window or 0
         for i, layer in enumerate(self.layers):
             x = ops.rms_norm(hidden, layer.input_layernorm.weight, c.rms_norm_eps)
-            q = F.linear(x, layer.self_attn.q_proj.weight).view(-1, c.num_heads, c.head_dim)
+            q = bd["q"][i](x).view(-1, c.num_heads, c.head_dim)
             q = ops.rope(ops.rms_norm(q, layer.self_attn.q_norm.weight, c.rms_norm_eps),
                          meta.positions, bd["cos_sin"])
             k, v = self._kv(i, torch.cat([ctx, x]))
             ops.write_kv(k, v, kv_positions, bd["cos_sin"], k_caches[i], v_caches[i], kv_slots)
             attn = ops.paged_attention(q, k_caches[i], v_caches[i], meta.block_tables,
                                        meta.kv_lens, meta.cu_q, blk, False, window, self.scale)
-            hidden = hidden + F.linear(attn.view(bsz * blk, -1), layer.self_attn.o_proj.weight)
+            hidden = hidden + bd["o"][i](attn.view(bsz * blk, -1))
             x = ops.rms_norm(hidden, layer.post_attention_layernorm.weight, c.rms_norm_eps)
-            gu = F.linear(x, bd["gate_up_w"][i])
+            gu = bd["gate_up"][i](x)
             inter = c.intermediate_size
-            hidden = hidden + F.linear(F.silu(gu[:, :inter]) * gu[:, inter:],
-                                       layer.mlp.down_proj.weight)
+            hidden = hidden + bd["down"][i](F.silu(gu[:, :inter]) * gu[:, inter:])
             if layer.injection is not None:
                 hidden = self._inject(i, hidden, anchors)
         return ops.rms_norm(hidden, self.norm.weight, c.rms_norm_eps).view(bsz, blk, h)[:, 1:]
@@ -261,8 +269,8 @@ class DSpineDraft(nn.Module):
         c, bd, inj = self.config, self.bound, self.layers[i].injection
         bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
         hn = ops.rms_norm(hidden, inj.norm.weight, c.rms_norm_eps)
-        f = F.linear(hn, inj.predictor.weight).view(bsz, blk, h)
+        f = bd["inj_pred"][i](hn).view(bsz, blk, h)
         f[:, 0] = F.embedding(anchors, bd["lm_head"])  # the anchor's feature is exact
-        gate_h = F.linear(hn, bd["inj_gate_h"][i]).view(bsz, blk, h)
-        fproj = F.linear(f, bd["inj_f"][i])
+        gate_h = bd["inj_gate_h"][i](hn).view(bsz, blk, h)
+        fproj = bd["inj_f"][i](f)
         return ops.fused_injection(hidden.view(bsz, blk, h), gate_h, fproj).view(bsz * blk, h)

@@ -17,20 +17,20 @@ import torch.nn.functional as F
 from .. import ops
 from .attention_meta import AttnMeta
 from .config import ModelConfigError, TargetConfig
+from .dense import Dense
 from .weights import WeightStore, checkpoint_files
 
 
 @dataclass
 class TargetLayer:
     in_norm: torch.Tensor
-    qkv_w: torch.Tensor
-    qkv_b: torch.Tensor | None
+    qkv: Dense  # q | k | v projections fused (with the Qwen2 bias)
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_w: torch.Tensor
+    o: Dense
     post_norm: torch.Tensor
-    gate_up_w: torch.Tensor
-    down_w: torch.Tensor
+    gate_up: Dense  # gate | up fused
+    down: Dense
     window: int
 
 
@@ -41,7 +41,8 @@ class TargetModel:
         self.embed = embed
         self.layers = layers
         self.norm = norm
-        self.lm_head = lm_head
+        self.lm_head = lm_head  # E_out [V, H] (the embedding itself when tied)
+        self.lm_head_dense = Dense(lm_head)
         self.device = embed.device
         self.dtype = embed.dtype
         self.cos_sin = ops.rope_cos_sin(config.head_dim, config.max_position_embeddings,
@@ -78,14 +79,15 @@ class TargetModel:
                                   for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))])
             layers.append(TargetLayer(
                 in_norm=get(p + "input_layernorm.weight", (h,)),
-                qkv_w=qkv.contiguous(), qkv_b=bias,
+                qkv=Dense(qkv, bias),
                 q_norm=get(p + "self_attn.q_norm.weight", (d,)) if cfg.qk_norm else None,
                 k_norm=get(p + "self_attn.k_norm.weight", (d,)) if cfg.qk_norm else None,
-                o_w=get(p + "self_attn.o_proj.weight", (h, q_out)),
+                o=Dense(get(p + "self_attn.o_proj.weight", (h, q_out))),
                 post_norm=get(p + "post_attention_layernorm.weight", (h,)),
-                gate_up_w=torch.cat([get(p + "mlp.gate_proj.weight", (cfg.intermediate_size, h)),
-                                     get(p + "mlp.up_proj.weight", (cfg.intermediate_size, h))]),
-                down_w=get(p + "mlp.down_proj.weight", (h, cfg.intermediate_size)),
+                gate_up=Dense(torch.cat([
+                    get(p + "mlp.gate_proj.weight", (cfg.intermediate_size, h)),
+                    get(p + "mlp.up_proj.weight", (cfg.intermediate_size, h))])),
+                down=Dense(get(p + "mlp.down_proj.weight", (h, cfg.intermediate_size))),
                 window=cfg.layer_windows[i] if cfg.layer_windows else 0,
             ))
         embed = get("model.embed_tokens.weight", (cfg.vocab_size, h))
@@ -121,7 +123,7 @@ class TargetModel:
                 x, residual = ops.rms_norm(hidden, layer.in_norm, cfg.rms_norm_eps), hidden
             else:
                 x, residual = ops.add_rms_norm(hidden, residual, layer.in_norm, cfg.rms_norm_eps)
-            qkv = F.linear(x, layer.qkv_w, layer.qkv_b)
+            qkv = layer.qkv(x)
             q = qkv[:, :q_size].view(n, cfg.num_heads, cfg.head_dim)
             k = qkv[:, q_size:q_size + kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
             v = qkv[:, q_size + kv_size:].view(n, cfg.num_kv_heads, cfg.head_dim)
@@ -133,16 +135,16 @@ class TargetModel:
             attn = ops.paged_attention(q, k_caches[i], v_caches[i], meta.block_tables,
                                        meta.kv_lens, meta.cu_q, meta.max_q_len, meta.causal,
                                        layer.window, self.scale)
-            hidden = F.linear(attn.view(n, q_size), layer.o_w)
+            hidden = layer.o(attn.view(n, q_size))
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, cfg.rms_norm_eps)
-            gate_up = F.linear(x, layer.gate_up_w)
+            gate_up = layer.gate_up(x)
             inter = cfg.intermediate_size
-            hidden = F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.down_w)
+            hidden = layer.down(F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
             if i in tap_layers:
                 taps[i] = hidden + residual  # the layer's output, before the next norm
         if logit_rows is not None:
             hidden, residual = hidden[logit_rows], residual[logit_rows]
         x, _ = ops.add_rms_norm(hidden, residual, self.norm, cfg.rms_norm_eps)
-        logits = F.linear(x, self.lm_head)
+        logits = self.lm_head_dense(x)
         tapped = torch.cat([taps[t] for t in tap_layers], dim=-1) if tap_layers else None
         return logits, tapped

@@ -57,11 +57,11 @@ def copy_target_layers(draft: DSpineDraft, target: TargetModel) -> list[int]:
         a = layer.self_attn
         for proj, rows in ((a.q_proj, slice(0, q)), (a.k_proj, slice(q, q + kv)),
                            (a.v_proj, slice(q + kv, q + 2 * kv))):
-            proj.weight.copy_(src.qkv_w[rows])
-        a.o_proj.weight.copy_(src.o_w)
-        layer.mlp.gate_proj.weight.copy_(src.gate_up_w[:inter])
-        layer.mlp.up_proj.weight.copy_(src.gate_up_w[inter:])
-        layer.mlp.down_proj.weight.copy_(src.down_w)
+            proj.weight.copy_(src.qkv.checkpoint_weight[rows])
+        a.o_proj.weight.copy_(src.o.checkpoint_weight)
+        layer.mlp.gate_proj.weight.copy_(src.gate_up.checkpoint_weight[:inter])
+        layer.mlp.up_proj.weight.copy_(src.gate_up.checkpoint_weight[inter:])
+        layer.mlp.down_proj.weight.copy_(src.down.checkpoint_weight)
         layer.input_layernorm.weight.copy_(src.in_norm)
         layer.post_attention_layernorm.weight.copy_(src.post_norm)
         if src.q_norm is not None:
