@@ -66,19 +66,8 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
               at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots) {
   check_device("write_kv", k, v, positions, cos_sin, k_cache, v_cache, slots);
   const c10::cuda::CUDAGuard guard(k.device());
-  check_token_rows(k, "write_kv");
-  check_token_rows(v, "write_kv");
-  TORCH_CHECK(k.sizes() == v.sizes(), "write_kv: k and v must have the same shape");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  k_cache.sizes() == v_cache.sizes(),
-              "write_kv: caches must be contiguous [pages, page_size, kv_heads, head_dim]");
-  TORCH_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), "write_kv: cache head layout differs from k");
-  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
-              "write_kv: k/v dtype must match the cache");
-  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "write_kv: k and v dtypes differ");
-  TORCH_CHECK(slots.scalar_type() == at::kInt && slots.numel() == k.size(0), "write_kv: slots must be int32 [tokens]");
+  check_write_kv_args(k, v, positions, cos_sin, k_cache, v_cache, slots);
   const bool rotate = cos_sin.numel() > 0;
-  if (rotate) check_rope_table(positions, cos_sin, k.size(0), k.size(2));
   auto pos = positions.contiguous(), sl = slots.contiguous();
   // Slots past the cache cannot be rejected without reading them on the host; the kernel skips them.
   const int64_t capacity = k_cache.size(0) * k_cache.size(1);

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,19 @@ def read_json(path: Path, what: str) -> dict:
     if not isinstance(data, dict):
         raise ModelConfigError(f"{what}: {path} must hold a JSON object")
     return data
+
+
+@contextmanager
+def config_fields(what: str):
+    """Turns a missing or mistyped field met while reading `what` into a ModelConfigError."""
+    try:
+        yield
+    except ModelConfigError:
+        raise
+    except KeyError as e:
+        raise ModelConfigError(f"{what} lacks the required field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ModelConfigError(f"{what} has a field of the wrong type: {e}") from None
 
 
 @dataclass
@@ -59,7 +73,7 @@ class TargetConfig:
             raise ModelConfigError(
                 f"unsupported architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
         flavour = SUPPORTED_ARCHITECTURES[arch]
-        try:
+        with config_fields("config.json"):
             hidden = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
             layers = int(cfg["num_hidden_layers"])
@@ -83,10 +97,6 @@ class TargetConfig:
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=_as_list(cfg.get("eos_token_id")),
             )
-        except KeyError as e:
-            raise ModelConfigError(f"config.json lacks the required field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise ModelConfigError(f"config.json has a field of the wrong type: {e}") from None
         c.validate()
         return c
 

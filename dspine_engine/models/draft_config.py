@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .config import ModelConfigError, TargetConfig, read_json
+from .config import ModelConfigError, TargetConfig, config_fields, read_json
 
 DRAFT_ARCHITECTURES = ("DSpineDraftModel", "DFlashDraftModel")
 
@@ -42,7 +42,7 @@ class DraftConfig:
                 f"not a draft model: architecture {arch!r}, expected one of {DRAFT_ARCHITECTURES}")
         sub = cfg.get("dflash_config") or {}
         pick = lambda k, default=None: sub.get(k, cfg.get(k, default))  # noqa: E731
-        try:
+        with config_fields("draft config"):
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
             inj = cfg.get("injection") or {}
@@ -70,10 +70,6 @@ class DraftConfig:
                 transition_top_k=int(tr.get("top_k", 8)),
                 architecture=arch,
             )
-        except KeyError as e:
-            raise ModelConfigError(f"draft config lacks the required field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise ModelConfigError(f"draft config has a field of the wrong type: {e}") from None
         c.validate()
         return c
 
