@@ -66,3 +66,25 @@ def test_generate_with_draft_prints_tau(tiny_llama, tmp_path):
     assert out.returncode == 0, out.stderr
     stats = json.loads(out.stderr.strip().splitlines()[-1])
     assert stats["tau"] >= 1.0 and len(stats["acceptance_by_position"]) == 15
+
+
+def test_bench_accept_writes_json_and_plot(tiny_llama, tmp_path):
+    import torch
+
+    from dspine_engine.models.draft_config import DraftConfig
+    from dspine_engine.models.dspine import DSpineDraft
+
+    cfg = DraftConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=96, vocab_size=49152, target_layer_ids=[0, 2],
+                      max_position_embeddings=512, transition_rank=8)
+    DSpineDraft(cfg).init_weights(2).save(tmp_path / "draft", torch.float32)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Hello"}\n{"messages": [{"role": "user", "content": "Hi"}]}\n')
+    out = _run(["dspine_engine.cli.bench", "accept", "--target", str(tiny_llama), "--draft",
+                str(tmp_path / "draft"), "--prompts", str(prompts), "--max-new-tokens", "20",
+                "--out", str(tmp_path / "res"), "--name", "acc", "--quiet"])
+    assert out.returncode == 0, out.stderr
+    res = json.loads((tmp_path / "res" / "acc.json").read_text())
+    assert res["num_prompts"] == 2 and res["rounds"] > 0 and res["tau"] >= 1.0
+    assert len(res["acceptance_by_position"]) == 15
+    assert (tmp_path / "res" / "acc.png").stat().st_size > 1000
