@@ -107,6 +107,16 @@ void check_write_kv_args(const at::Tensor& k, const at::Tensor& v, const at::Ten
   if (cos_sin.numel() > 0) check_rope_table(positions, cos_sin, k.size(0), k.size(2));
 }
 
+void check_injection_args(const at::Tensor& h, const at::Tensor& gate_h, const at::Tensor& fproj) {
+  TORCH_CHECK(h.dim() == 3, "fused_injection: h must be [n, block, hidden]");
+  TORCH_CHECK(gate_h.sizes() == h.sizes(), "fused_injection: gate_h must match h");
+  TORCH_CHECK(fproj.dim() == 3 && fproj.size(0) == h.size(0) && fproj.size(1) == h.size(1) &&
+                  fproj.size(2) == 2 * h.size(2),
+              "fused_injection: fproj must be [n, block, 2*hidden]");
+  TORCH_CHECK(gate_h.scalar_type() == h.scalar_type() && fproj.scalar_type() == h.scalar_type(),
+              "fused_injection: dtypes must match");
+}
+
 }  // namespace dspine
 
 TORCH_LIBRARY(dspine, m) {

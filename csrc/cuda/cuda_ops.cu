@@ -84,13 +84,7 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
 at::Tensor fused_injection(const at::Tensor& h_in, const at::Tensor& gate_in, const at::Tensor& fproj_in) {
   check_device("fused_injection", h_in, gate_in, fproj_in);
   const c10::cuda::CUDAGuard guard(h_in.device());
-  TORCH_CHECK(h_in.dim() == 3, "fused_injection: h must be [n, block, hidden]");
-  TORCH_CHECK(gate_in.sizes() == h_in.sizes(), "fused_injection: gate_h must match h");
-  TORCH_CHECK(fproj_in.dim() == 3 && fproj_in.size(0) == h_in.size(0) && fproj_in.size(1) == h_in.size(1) &&
-                  fproj_in.size(2) == 2 * h_in.size(2),
-              "fused_injection: fproj must be [n, block, 2*hidden]");
-  TORCH_CHECK(gate_in.scalar_type() == h_in.scalar_type() && fproj_in.scalar_type() == h_in.scalar_type(),
-              "fused_injection: dtypes must match");
+  check_injection_args(h_in, gate_in, fproj_in);
   auto h = h_in.contiguous(), g = gate_in.contiguous(), f = fproj_in.contiguous();
   auto out = at::empty_like(h);
   dispatch_float(h.scalar_type(), "fused_injection", [&](auto tag) {
