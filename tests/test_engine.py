@@ -4,7 +4,6 @@ import json
 import shutil
 
 import pytest
-import torch
 
 from dspine_engine import Engine, KVCacheFullError, SamplingParams
 from dspine_engine.models.config import ModelConfigError

@@ -8,7 +8,6 @@ autoregressive output on 20 real prompts (10 HumanEval, 10 MT-Bench), 128 new to
 and batched.
 """
 import pytest
-import torch
 
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.cli.train import main as train_main
