@@ -30,16 +30,26 @@ def device_name(device: str) -> str:
     return f"{cpu} ({torch.get_num_threads()} threads)"
 
 
-def run_info(device: str) -> dict:
+def git_commit() -> str:
+    """The commit measured: $DSPINE_COMMIT (set where the tree travels without .git, e.g. the
+    H200 session script), else git's short HEAD, marked +dirty with uncommitted changes."""
+    import os
+
+    if os.environ.get("DSPINE_COMMIT"):
+        return os.environ["DSPINE_COMMIT"]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip()
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                     cwd=ROOT, capture_output=True, text=True).stdout.strip())
     except OSError:
-        commit, dirty = "unknown", False
+        return "unknown"
+    return (commit or "unknown") + ("+dirty" if dirty else "")
+
+
+def run_info(device: str) -> dict:
     return {"device": device_name(device), "date": _dt.date.today().isoformat(),
-            "commit": commit + ("+dirty" if dirty else ""), "torch": torch.__version__,
+            "commit": git_commit(), "torch": torch.__version__,
             "command": "python " + " ".join(sys.argv)}
 
 

@@ -25,14 +25,17 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 import torch
 from tqdm import tqdm
 
 from dspine_engine import ops
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import git_commit  # noqa: E402
 
 BF16 = torch.bfloat16
 PAGE = 16
@@ -404,17 +407,11 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))).strip()
-    except Exception:
-        return "unknown"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a ~1 minute subset")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="stop the attention sweep after this long (the JSON says so)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                         help="directory for kernels_<device>.json")
     args = parser.parse_args(argv)
@@ -429,7 +426,11 @@ def main(argv=None) -> int:
               "command": "python benchmarks/kernels.py" + (" --quick" if args.quick else "")}
     result["ceilings"] = measure_ceilings(timer)
     result["attention"] = []
-    for cfg in tqdm(sweep(args.quick), desc="attention", unit="cfg"):
+    start, cfgs = time.monotonic(), sweep(args.quick)
+    for cfg in tqdm(cfgs, desc="attention", unit="cfg"):
+        if args.max_minutes and time.monotonic() - start > 60 * args.max_minutes:
+            result["truncated"] = f"{len(result['attention'])} of {len(cfgs)} configurations"
+            break
         result["attention"].append(bench_attention(cfg, timer, result["ceilings"]))
     result["injection"] = bench_injection(timer)
     result["sampling"] = bench_sampling(timer, result["ceilings"])

@@ -13,8 +13,7 @@ import torch
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
 from dspine_engine.models.config import ModelConfigError
-from dspine_engine.models.draft_config import DraftConfig, evenly_spaced_layers
-from dspine_engine.models.dspine import DSpineDraft
+from random_drafts import write_random_draft
 
 NEW_TOKENS = 128
 
@@ -22,20 +21,6 @@ NEW_TOKENS = 128
 @pytest.fixture(scope="module")
 def real_prompts():
     return humaneval_prompts()[:10] + mtbench_prompts()[:10]
-
-
-def smollm2_draft_config(**kw) -> DraftConfig:
-    base = dict(hidden_size=576, num_layers=2, num_heads=9, num_kv_heads=3, head_dim=64,
-                intermediate_size=512, vocab_size=49152, rope_theta=100000.0,
-                target_layer_ids=evenly_spaced_layers(30, 3), sliding_window=None,
-                transition_rank=32)
-    base.update(kw)
-    return DraftConfig(**base)
-
-
-def write_random_draft(path, **kw):
-    DSpineDraft(smollm2_draft_config(**kw)).init_weights(seed=7).save(path, torch.float32)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -80,6 +80,9 @@ def _data_parser(sub) -> None:
     p.add_argument("--dtype", default="auto", help="target dtype (auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="run the engine's forwards eagerly on CUDA")
+    p.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="target KV pool size in tokens (default: the engine's; set it when "
+                        "several generators share one GPU)")
 
 
 def _fit_parser(sub) -> None:
@@ -182,7 +185,7 @@ def run_data(args) -> int:
     num = args.num if args.num is not None else len(prompts)
     engine = Engine(args.target, device=args.device, dtype=args.dtype,
                     max_num_seqs=args.max_num_seqs, cuda_graphs=args.cuda_graphs,
-                    progress=not args.quiet)
+                    kv_cache_tokens=args.kv_cache_tokens, progress=not args.quiet)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens,
                            answer_temperature=args.answer_temperature,
                            user_temperature=args.user_temperature, user_top_p=args.user_top_p,
