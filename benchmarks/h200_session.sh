@@ -60,16 +60,17 @@ if [ "$MODE" = run1 ]; then
   for i in $(seq 1 $DATA_PROCS); do  # detached: the fits need them finished, not the call
     for g in 1 0; do
       [ $g = 0 ] && [ $i -gt 2 ] && continue  # GPU0 runs the tests meanwhile
-      CUDA_VISIBLE_DEVICES=$g OMP_NUM_THREADS=2 setsid nohup python3 -m dspine_engine.cli.train data \
+      prof=""; [ $g = 1 ] && [ $i = 1 ] && prof="-m cProfile -o $R/logs/data_profile.pstats"
+      CUDA_VISIBLE_DEVICES=$g OMP_NUM_THREADS=2 setsid nohup python3 $prof -m dspine_engine.cli.train data \
         --out $S/data/part_${g}_$i.jsonl --num 100000 --seed $((100 * g + i)) --max-new-tokens 512 \
         --max-num-seqs 128 --chunk 256 --kv-cache-tokens 300000 --max-minutes $DATA_MIN --quiet \
         > $R/logs/data_${g}_$i.log 2>&1 < /dev/null &
     done
   done
   export CUDA_VISIBLE_DEVICES=0
-  timeout 240 python3 -m pytest -q -m gpu -n 8 tests/test_kernels_gpu.py -rf > $R/logs/gpu_kernel_tests.log 2>&1
+  timeout 200 python3 -m pytest -q -m gpu -n 8 tests/test_kernels_gpu.py -rf > $R/logs/gpu_kernel_tests.log 2>&1
   say "kernel tests rc $? : $(tail -1 $R/logs/gpu_kernel_tests.log)"; pack
-  timeout 200 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -rf > $R/logs/gpu_engine_tests.log 2>&1
+  timeout 150 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -rf > $R/logs/gpu_engine_tests.log 2>&1
   say "engine tests rc $? : $(tail -1 $R/logs/gpu_engine_tests.log)"
   if grep -q "FAILED.*graph_replay" $R/logs/gpu_engine_tests.log; then  # diagnose: split-KV?
     DSPINE_ATTN_SPLITS=1 timeout 90 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -k graph_replay -rf \
@@ -104,7 +105,7 @@ EOF
     --ablation dflash > $R/logs/fit_dflash.log 2>&1 < /dev/null &
   say "fits started"
   sleep 20
-  timeout 150 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
+  timeout 100 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
     -k "paged_attention or walk or block_verify or injection" > $R/logs/memcheck.log 2>&1
   say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
   pack; ls -la $OUT
