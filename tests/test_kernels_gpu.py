@@ -180,6 +180,26 @@ def test_paged_attention_fp32(case):
     assert rel_err_fp32(got, ref) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", [c for c in ATTN_CASES if c[0] in (
+    "draft16_gqa3_hd64", "verify16_gqa3_hd64_12k", "decode_mha_page8", "prefill_varlen_gqa3")],
+    ids=lambda c: c[0])
+def test_paged_attention_wide_block_table(case, dtype):
+    """Block tables as wide as the longest context (what CUDA graphs capture) make the split
+    heuristic pick many splits for short sequences, most of them with no key tile at all."""
+    _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
+    dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, dtype, DEV, seed=3,
+                                          causal=causal, window=window)
+    width = 8208 // ps + 1  # SmolLM2's 8192 positions + a block, as the engine's graphs size it
+    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
+    dev_args = dev_args[:3] + (pad(dev_args[3]),) + dev_args[4:]
+    scale = 1 / math.sqrt(d)
+    got = ops.paged_attention(*dev_args, causal, window, scale)
+    q, kc, vc, *meta = ref_args
+    ref = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, causal, window, scale)
+    assert rel_err_fp32(got, ref) < TOL[dtype]
+
+
 def test_paged_attention_rejects_bad_metadata():
     (q, kc, vc, bt, kl, cu, mq), _ = attention_inputs([4], [4], 2, 1, 64, 16, torch.bfloat16, DEV, 0)
     with pytest.raises(RuntimeError, match="int32"):

@@ -262,7 +262,7 @@ dspine_status dspine_cuda_transition_walk_f32(const float* logits, const float* 
     p.chunk_len = dspine::gpu::row_chunk_len(vocab);
     p.vec_ok = rows_vectorisable(logits, vocab);
     const size_t smem = dspine::gpu::walk_smem_bytes(p, sizeof(float));
-    require(static_cast<int64_t>(smem) <= device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, op), op,
+    require(smem <= static_cast<size_t>(dspine::gpu::walk_smem_limit<float>()), op,
             ": positions * top_k^2 is too large for shared memory");
     dspine::gpu::launch_transition_walk<float>(p, stream);
     check_launch(op);

@@ -21,19 +21,27 @@ __host__ __device__ constexpr int64_t round_up(int64_t a, int64_t b) { return ce
 
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Lets `Kernel` use the device's whole opt-in shared memory (beyond the default 48 KiB). The
-// attribute is per device; it is set once per device instead of a driver call per launch.
+// Lets `Kernel` use the device's whole opt-in shared memory (beyond the default 48 KiB) minus
+// what it declares statically: asking for more makes cudaFuncSetAttribute fail, and the launch
+// after it. The attribute is per device; it is set once per device, not per launch. Returns the
+// dynamic bytes a launch of `Kernel` may ask for.
 template <auto Kernel>
-void allow_max_dynamic_smem() {
+int allow_max_dynamic_smem() {
   static std::atomic<uint64_t> done{0};
+  static std::atomic<int> limit{0};
   int dev = 0;
   cudaGetDevice(&dev);
   const uint64_t bit = 1ull << (dev & 63);
-  if (done.load(std::memory_order_acquire) & bit) return;
+  if (done.load(std::memory_order_acquire) & bit) return limit.load(std::memory_order_relaxed);
   int optin = 0;
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+  cudaFuncAttributes attr{};
+  cudaFuncGetAttributes(&attr, Kernel);
+  const int dynamic = optin - static_cast<int>(attr.sharedSizeBytes);
+  cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic);
+  limit.store(dynamic, std::memory_order_relaxed);
   done.fetch_or(bit, std::memory_order_release);
+  return dynamic;
 }
 
 // ---- element conversions (all arithmetic happens in fp32) ------------------------------------

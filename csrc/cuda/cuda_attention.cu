@@ -9,14 +9,12 @@
 namespace dspine {
 namespace cuda {
 
-// DSPINE_ATTN_SPLITS=n forces the split-KV count of the tensor-core path (a tuning aid: every
-// count gives the same result; 0 or unset keeps the shape heuristic).
+// DSPINE_ATTN_SPLITS=n forces the split-KV count of the tensor-core path (a tuning and testing
+// aid: every count gives the same result up to fp32 rounding; 0 or unset keeps the heuristic).
+// Read at every call, so a process can change it; a captured CUDA graph keeps its count.
 static int forced_splits() {
-  static const int value = [] {
-    const char* env = std::getenv("DSPINE_ATTN_SPLITS");
-    return env ? std::max(0, std::min(128, std::atoi(env))) : 0;
-  }();
-  return value;
+  const char* env = std::getenv("DSPINE_ATTN_SPLITS");
+  return env ? std::max(0, std::min(128, std::atoi(env))) : 0;
 }
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -101,10 +101,6 @@ static bool rows_vectorisable(const at::Tensor& t, int64_t row_len) {
   return gpu::is_aligned16(t.data_ptr()) && (row_len * static_cast<int64_t>(t.element_size())) % 16 == 0;
 }
 
-static int64_t max_dynamic_smem() {
-  return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
     const at::Tensor& logits_in, const at::Tensor& g_in, const at::Tensor& pred_in, const at::Tensor& succ_in,
     const at::Tensor& anchor_in, int64_t top_k, const at::Tensor& temp_in, const at::Tensor& u_in) {
@@ -147,10 +143,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   p.top_k = static_cast<int>(top_k);
   p.chunk_len = gpu::row_chunk_len(v);
   p.vec_ok = rows_vectorisable(logits, v);
-  TORCH_CHECK(static_cast<int64_t>(gpu::walk_smem_bytes(p, logits.element_size())) <= max_dynamic_smem(),
-              "transition_walk: positions * top_k^2 or top_k * rank is too large for shared memory");
   dispatch_float(logits.scalar_type(), "transition_walk", [&](auto tag) {
     using T = decltype(tag);
+    TORCH_CHECK(gpu::walk_smem_bytes(p, sizeof(T)) <= static_cast<size_t>(gpu::walk_smem_limit<T>()),
+                "transition_walk: positions * top_k^2 or top_k * rank is too large for shared memory");
     gpu::launch_transition_walk<T>(p, stream());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -195,7 +195,13 @@ void launch_walk_topk(const WalkParams& p, cudaStream_t stream) {
   walk_topk_kernel<T, MAXK><<<static_cast<unsigned>(p.batch * p.positions), kRowThreads, 0, stream>>>(p);
 }
 
-// Requires 1 <= top_k <= kWalkMaxK and walk_smem_bytes() within the device's shared memory.
+// Dynamic shared memory the pair/walk kernel may use on this device (static part excluded).
+template <typename T>
+int walk_smem_limit() {
+  return allow_max_dynamic_smem<walk_pairs_kernel<T>>();
+}
+
+// Requires 1 <= top_k <= kWalkMaxK and walk_smem_bytes() <= walk_smem_limit<T>().
 template <typename T>
 void launch_transition_walk(const WalkParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.positions == 0) return;
@@ -207,7 +213,7 @@ void launch_transition_walk(const WalkParams& p, cudaStream_t stream) {
     launch_walk_topk<T, kWalkMaxK>(p, stream);
   }
   const size_t smem = walk_smem_bytes(p, sizeof(T));
-  if (smem > 48 * 1024) allow_max_dynamic_smem<walk_pairs_kernel<T>>();
+  if (smem > 48 * 1024) walk_smem_limit<T>();
   walk_pairs_kernel<T><<<static_cast<unsigned>(p.batch * p.positions), kRowThreads, smem, stream>>>(p);
 }
 

@@ -175,16 +175,20 @@ def cmd_e2e(args) -> dict:
             rows.append(row)
             print(f"{name:>8} c={c:<3} {row['tokens_per_second']:9.1f} tok/s  tau {row['tau']:.2f}",
                   file=sys.stderr)
-        device, dtype = str(engine.device), str(engine.dtype)
+            res = _e2e_result(args, prompts, rows, engine)
+            _write(args.out, args.name or f"e2e_{engine.device.type}", res)  # after every row
         del engine
+    return res
+
+
+def _e2e_result(args, prompts, rows, engine) -> dict:
     for row in rows:
         base = next((r for r in rows if r["mode"] == "ar" and r["concurrency"] == row["concurrency"]),
                     None)
         row["speedup_vs_ar"] = row["tokens_per_second"] / base["tokens_per_second"] if base else None
-    res = {"rows": rows, "prompts": args.prompts, "num_prompts": len(prompts),
-           "max_new_tokens": args.max_new_tokens, "device": device, "dtype": dtype}
-    _write(args.out, args.name or f"e2e_{device.split(':')[0]}", res)
-    return res
+    return {"rows": rows, "prompts": args.prompts, "num_prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens, "device": str(engine.device),
+            "dtype": str(engine.dtype)}
 
 
 def _write(out: str, name: str, payload: dict) -> None:

@@ -4,7 +4,9 @@ Each is captured once per batch size in GRAPH_BATCHES (up to the engine's max_nu
 is padded to the next captured size. Padding rows write nothing (slot -1) and read page 0 (their
 results are dropped). Larger batches, and CPU runs, take the eager path of the same code.
 Inputs live in static buffers that each round fills with one host-to-device copy per tensor;
-the graphs themselves contain no host sync.
+the graphs themselves contain no host sync. All graphs share one memory pool, so an output is
+valid only until the next replay of any graph: the draft outputs, read after the verify replay,
+are copied out; the verify outputs are consumed before the next draft replay.
 """
 from __future__ import annotations
 
@@ -161,4 +163,7 @@ class CudaGraphRunner:
         self.walk_u[:b].copy_(uniforms)
         graph, (tokens, cand_ids, cand_probs) = self._draft_graphs[padded]
         graph.replay()
-        return tokens[:b], cand_ids[:b], cand_probs[:b]
+        # Copied out: the graphs share one memory pool, so a draft graph's outputs may sit where
+        # a verify graph keeps its temporaries, and the round reads the drafts after the verify
+        # replay. (Without the copy, drafts were overwritten and nothing was ever accepted.)
+        return tokens[:b].clone(), cand_ids[:b].clone(), cand_probs[:b].clone()

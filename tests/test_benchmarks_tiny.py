@@ -1,0 +1,33 @@
+"""Benchmark scripts in their --tiny modes: the same code the GPU runs, on models small enough
+for the CPU, so a broken benchmark shows up here and not in a scarce GPU session."""
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import step_table  # noqa: E402
+
+TIMES = ("draft_ms", "verify_ms", "block_verify_ms", "round_ms", "floor_ms", "floor_kv_ms",
+         "round_over_floor", "round_over_floor_kv")
+
+
+def test_step_table_tiny(tmp_path, capsys):
+    assert step_table.main(["--tiny", "--iters", "1", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("step_table_*_tiny.json")
+    result = json.loads(path.read_text())
+    assert result["complete"] and result["tiny"]
+    batches, contexts = step_table.DEFAULTS[True]
+    assert [(r["batch"], r["context"]) for r in result["rows"]] == [
+        (b, c) for c in contexts for b in batches]
+    assert result["ceilings"]["copy_GBps"] > 0
+    assert result["target"]["weight_bytes"] > 0 and result["draft"]["weight_bytes"] > 0
+    for row in result["rows"]:
+        for key in TIMES:
+            assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+        assert row["kv_bytes"] > 0
+        # The round contains the draft, the verify and the block verify.
+        assert row["round_ms"] >= 0.5 * (row["draft_ms"] + row["verify_ms"])
+    table = capsys.readouterr().out
+    assert "| batch | context |" in table and str(path) in table
