@@ -1,0 +1,483 @@
+#!/usr/bin/env python
+"""End-to-end step table: how long one speculative round takes on a Qwen3-8B-shaped target with a
+5-layer DSpine draft, and how far that is from the time it takes just to read the weights.
+
+Both models get random weights built directly in device memory (bf16 on CUDA, fp32 on the CPU)
+through the project's own loaders (`TargetModel.from_store` fed by a random weight store,
+`DSpineDraft` materialised from the meta device), so no checkpoint is read and the forwards are
+exactly the engine's. For each batch x context, `batch` sequences of `context` cached tokens
+(random K/V, pages allocated by the engine's scheduler) with 16 pending context rows each are
+timed through the engine's own calls, which replay its CUDA graphs on CUDA:
+
+- draft:        `ModelRunner.propose` (ingest the 16 context rows + block + transition walk);
+- verify:       `ModelRunner.verify` (the target forward of 16 tokens per sequence);
+- block verify: `ModelRunner.verify_tokens` (the block_verify op);
+- round:        `speculative_round` (all of the above, its one host sync and the bookkeeping).
+The "graph" numbers are the captured graphs replayed alone, without the per-round input copies.
+
+Times: warm-up, then the median of N runs, each starting from an idle device (a round starts
+after the previous round's sync) and timed with CUDA events (perf_counter on the CPU).
+Floor = (target + draft weight bytes) / copy bandwidth measured in the same run (read + write,
+benchmarks/kernels.py's measure_ceilings); the weights+KV floor adds the K/V the round reads.
+
+    python benchmarks/step_table.py [--batches 1 8 32] [--contexts 1024 8192] [--iters N]
+                                    [--tiny] [--eager] [--out DIR]
+
+Writes DIR/step_table_<device>.json (`_tiny` appended with --tiny) and prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, markdown_table, run_info, save_json  # noqa: E402
+
+from dspine_engine.engine.engine import EngineStats  # noqa: E402
+from dspine_engine.engine.kv_cache import KVCache, pages_for  # noqa: E402
+from dspine_engine.engine.runner import ModelRunner  # noqa: E402
+from dspine_engine.engine.sampling import SamplingParams  # noqa: E402
+from dspine_engine.engine.scheduler import Scheduler  # noqa: E402
+from dspine_engine.engine.sequence import Sequence  # noqa: E402
+from dspine_engine.engine.speculative import speculative_round  # noqa: E402
+from dspine_engine.models.config import TargetConfig  # noqa: E402
+from dspine_engine.models.draft_config import DraftConfig, evenly_spaced_layers  # noqa: E402
+from dspine_engine.models.dspine import DSpineDraft  # noqa: E402
+from dspine_engine.models.target import TargetModel  # noqa: E402
+
+log = logging.getLogger("step_table")
+PAGE = 16  # the engine's default page size
+WEIGHT_STD = 0.02  # keeps 36 random layers' activations finite in bf16
+
+# An HF config.json of Qwen3-8B (read by the same parser as a real checkpoint's).
+QWEN3_8B = dict(architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_size=4096,
+                intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6,
+                max_position_embeddings=40960, tie_word_embeddings=False)
+TINY_TARGET = dict(QWEN3_8B, vocab_size=1024, hidden_size=256, intermediate_size=512,
+                   num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=64, max_position_embeddings=2048)
+# The draft: DFlash's Qwen3-8B layout (5 layers tapping layers 1, 9, 17, 25, 33, block 16)
+# with DSpine's injection and transition head; window 8192 as in the released drafter.
+DSPINE_5L = dict(num_layers=5, num_taps=5, intermediate_size=12288, block_size=16,
+                 sliding_window=8192, transition_rank=256)
+TINY_DRAFT = dict(num_layers=2, num_taps=3, intermediate_size=512, block_size=16,
+                  sliding_window=64, transition_rank=32)
+DEFAULTS = {False: ([1, 8, 32], [1024, 8192]), True: ([1, 4], [32, 128])}
+DEFINITIONS = {
+    "draft_ms": "ModelRunner.propose: 16 pending context rows + block + transition walk",
+    "verify_ms": "ModelRunner.verify: target forward of 16 tokens per sequence",
+    "*_graph_ms": "the captured CUDA graph replayed alone (no per-round input copies)",
+    "block_verify_ms": "ModelRunner.verify_tokens (the block_verify op), greedy",
+    "round_ms": "speculative_round: draft + verify + block_verify + its host sync and bookkeeping",
+    "floor_ms": "(target + draft weight bytes) / copy bandwidth (read + write)",
+    "floor_kv_ms": "(weight bytes + K/V bytes the round reads) / copy bandwidth",
+    "timing": "median of iters; each run from an idle device; CUDA events (perf_counter on CPU)",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Models with random weights, built where they run
+# --------------------------------------------------------------------------------------------
+
+class RandomWeights:
+    """Stands in for a checkpoint's WeightStore in `TargetModel.from_store`: every tensor exists
+    and is drawn on the device in its final dtype, so the 16 GB never touch the host."""
+
+    def __init__(self, device, dtype, seed: int = 0):
+        self.device, self.dtype = device, dtype
+        self.gen = torch.Generator(device).manual_seed(seed)
+
+    def has(self, name: str) -> bool:
+        return True  # an untied lm_head included
+
+    def get(self, name: str, shape: tuple) -> torch.Tensor:
+        if name.endswith("norm.weight"):
+            return torch.ones(shape, device=self.device, dtype=self.dtype)
+        t = torch.empty(shape, device=self.device, dtype=self.dtype)
+        return t.normal_(0.0, WEIGHT_STD, generator=self.gen)
+
+
+def build_target(shape: dict, device, dtype) -> TargetModel:
+    cfg = TargetConfig.from_dict(shape)
+    return TargetModel.from_store(cfg, RandomWeights(device, dtype), device, dtype)
+
+
+def draft_config(target: TargetConfig, spec: dict) -> DraftConfig:
+    return DraftConfig(
+        hidden_size=target.hidden_size, num_layers=spec["num_layers"],
+        num_heads=target.num_heads, num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+        intermediate_size=spec["intermediate_size"], vocab_size=target.vocab_size,
+        target_layer_ids=evenly_spaced_layers(target.num_layers, spec["num_taps"]),
+        rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
+        max_position_embeddings=target.max_position_embeddings, block_size=spec["block_size"],
+        sliding_window=spec["sliding_window"], transition_rank=spec["transition_rank"])
+
+
+def build_draft(target: TargetModel, spec: dict, seed: int = 1) -> DSpineDraft:
+    """A DSpine draft bound to the target. Built on the meta device and materialised on the
+    target's device, so its ~1.4B parameters skip the host-side fp32 init."""
+    with torch.device("meta"):
+        draft = DSpineDraft(draft_config(target.config, spec))
+    draft = draft.to_empty(device=target.device).to(target.dtype).eval()
+    gen = torch.Generator(target.device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, WEIGHT_STD, generator=gen)
+    draft.bind(target.embed, target.lm_head, target.config, target.lm_head_dense)
+    return draft
+
+
+def nbytes(tensors) -> int:
+    """Bytes of distinct tensors (a tied lm_head counts once)."""
+    seen = {}
+    for t in tensors:
+        if t is not None:
+            seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def target_weight_bytes(target: TargetModel) -> int:
+    ts = [target.embed, target.lm_head, target.norm]
+    for layer in target.layers:
+        ts += [layer.in_norm, layer.q_norm, layer.k_norm, layer.post_norm]
+        ts += [d.weight for d in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        ts += [layer.qkv.bias]
+    return nbytes(ts)
+
+
+def draft_weight_bytes(draft: DSpineDraft) -> int:
+    """The draft's own parameters (its checkpoint); embeddings and lm_head are the target's."""
+    return nbytes(draft.parameters())
+
+
+def kv_read_bytes(target: TargetModel, draft: DSpineDraft, batch: int, context: int) -> int:
+    """K/V one round reads: the target's whole context, the draft's window, plus the block."""
+    t, d = target.config, draft.config
+    blk, window = d.block_size, d.sliding_window or 0
+    draft_keys = min(context + blk, window + blk - 1) if window else context + blk
+    elt = torch.finfo(target.dtype).bits // 8
+    per_key = lambda layers, c: 2 * layers * c.num_kv_heads * c.head_dim * elt  # noqa: E731
+    target_kv = (context + blk) * per_key(t.num_layers, t)
+    return batch * (target_kv + draft_keys * per_key(d.num_layers, d))
+
+
+# --------------------------------------------------------------------------------------------
+# Sequences in the engine's own bookkeeping
+# --------------------------------------------------------------------------------------------
+
+class Batch:
+    """`batch` running sequences of `context` cached tokens, as the engine holds them after a
+    round: pages from its scheduler, anchor at position `context`, 16 pending context rows."""
+
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, batch: int, context: int):
+        self.runner, self.scheduler = runner, scheduler
+        self.batch, self.context = batch, context
+        blk, vocab = runner.block, runner.target.config.vocab_size
+        self.anchors = torch.randint(0, vocab, (batch,)).tolist()
+        # The taps of the last round's committed tokens: random, like the cache they came from.
+        self.pending = torch.randn(batch, blk, runner.tap_dim, dtype=runner.target.dtype,
+                                   device=runner.device)
+        self.seqs: list[Sequence] = []
+        self.place()
+
+    def place(self) -> None:
+        """(Re)admits the sequences from scratch: a round moves them on, the next starts over."""
+        self.clear()
+        blk, ctx = self.runner.block, self.context
+        for i in range(self.batch):
+            params = SamplingParams(max_tokens=2 * blk, seed=i)  # greedy, the paper's setting
+            self.scheduler.add(Sequence(f"s{i}", None, [0] * ctx, params, None, set()))
+        self.seqs = self.scheduler.admit()
+        assert len(self.seqs) == self.batch, "KV pool too small for the batch"
+        window = self.runner.window
+        for s, anchor in zip(self.seqs, self.anchors):
+            s.target_pages.ensure(ctx)
+            s.draft_pages.ensure(ctx, first_needed=max(0, ctx - window) if window else 0)
+            s.num_cached, s.output_ids = ctx, [anchor]
+        self.restore_pending()
+
+    def restore_pending(self) -> None:
+        """`propose` consumes the pending rows; each timed draft gets the same 16 back."""
+        for s, rows in zip(self.seqs, self.pending):
+            s.pending_taps = rows
+
+    def clear(self) -> None:
+        for s in self.seqs:
+            self.scheduler.finish(s, "abort")
+        self.seqs = []
+
+
+def kv_pools(target: TargetModel, draft: DSpineDraft, batch: int, context: int):
+    """KV caches holding `batch` sequences of `context` tokens + a round, filled with noise."""
+    blk = draft.config.block_size
+    pages = batch * pages_for(context + 4 * blk, PAGE)
+    t, d = target.config, draft.config
+    pools = (KVCache(t.num_layers, pages, PAGE, t.num_kv_heads, t.head_dim, target.dtype,
+                     target.device),
+             KVCache(d.num_layers, pages, PAGE, d.num_kv_heads, d.head_dim, target.dtype,
+                     target.device))
+    for kv in pools:
+        for tensor in kv.k + kv.v:
+            tensor.normal_()
+    return pools
+
+
+def attach_graphs(runner: ModelRunner, max_batch: int) -> bool:
+    """Captures the engine's CUDA graphs; like the engine, falls back to eager on failure."""
+    from dspine_engine.engine.cuda_graphs import CudaGraphRunner
+
+    try:
+        runner.graphs = CudaGraphRunner(runner, max_batch, progress=True)
+        return True
+    except Exception:
+        log.warning("CUDA graph capture failed; timing the eager forwards", exc_info=True)
+        runner.graphs = None
+        torch.cuda.synchronize()
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn, device, iters: int, warmup: int, prep=None) -> float:
+    """Median ms of `fn`, each run started from an idle device after `prep` (untimed)."""
+    for _ in range(warmup):
+        if prep:
+            prep()
+        fn()
+    times = []
+    for _ in range(iters):
+        if prep:
+            prep()
+        sync(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def graph_replay(runner: ModelRunner, kind: str, batch: int):
+    """The captured graph of `kind` ("verify" / "draft") at this batch, to replay without the
+    per-round input copies; None when running eagerly. Reaches into CudaGraphRunner's
+    internals, so it gives up quietly if they change."""
+    g = runner.graphs
+    if g is None or not g.fits(batch):
+        return None
+    try:
+        return getattr(g, f"_{kind}_graphs")[g._padded(batch)][0].replay
+    except (AttributeError, KeyError, IndexError):
+        return None
+
+
+def measure_bandwidth(device) -> dict:
+    """Copy bandwidth (read + write bytes / s): benchmarks/kernels.py's ceilings on CUDA (the
+    numbers its kernel table uses); a plain timed copy where those are not available."""
+    if device.type == "cuda":
+        try:
+            import kernels  # benchmarks/kernels.py, beside this file
+
+            ceilings = kernels.measure_ceilings(kernels.Timer(iters=20))
+            torch.cuda.empty_cache()
+            return ceilings
+        except (ImportError, AttributeError):
+            log.warning("benchmarks/kernels.py's measure_ceilings is unavailable; timing a copy")
+    # 1 GiB of bf16 on a GPU, 64 MiB of fp32 on the CPU: both well past the caches.
+    n, dtype = (512 << 20, torch.bfloat16) if device.type == "cuda" else (16 << 20, torch.float32)
+    src = torch.randn(n, dtype=dtype, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device, iters=10, warmup=2)
+    moved = 2 * n * src.element_size()
+    return {"copy_GBps": moved / ms / 1e6, "copy_bytes": moved}
+
+
+# --------------------------------------------------------------------------------------------
+# One configuration
+# --------------------------------------------------------------------------------------------
+
+def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context: int,
+                 iters: int, warmup: int) -> dict:
+    dev, blk = runner.device, runner.block
+    b = Batch(runner, scheduler, batch, context)
+    timed = lambda fn, prep=None: time_ms(fn, dev, iters, warmup, prep)  # noqa: E731
+    temps, top_k, top_p, u = runner.sampling_inputs(b.seqs, 2 * blk - 1)
+    walk_u = u[:, :blk - 1].to(dev)
+    row = {"batch": batch, "context": context}
+
+    row["draft_ms"] = timed(lambda: runner.propose(b.seqs, temps, walk_u), b.restore_pending)
+    b.restore_pending()
+    drafts, cand_ids, cand_probs = (t.clone() for t in runner.propose(b.seqs, temps, walk_u))
+    replay = graph_replay(runner, "draft", batch)
+    row["draft_graph_ms"] = timed(replay) if replay else None
+
+    row["verify_ms"] = timed(lambda: runner.verify(b.seqs, drafts))
+    replay = graph_replay(runner, "verify", batch)
+    row["verify_graph_ms"] = timed(replay) if replay else None
+    logits, _ = runner.verify(b.seqs, drafts)
+
+    row["block_verify_ms"] = timed(lambda: runner.verify_tokens(
+        logits, drafts, cand_ids, cand_probs, temps, top_k, top_p, u[:, blk - 1:], b.seqs))
+
+    stats = EngineStats(accepted_by_position=[0] * (blk - 1))
+    row["round_ms"] = timed(lambda: speculative_round(runner, b.seqs, stats), b.place)
+    b.clear()
+    return row
+
+
+def add_floors(row: dict, weight_bytes: int, kv_bytes: int, gbps: float) -> dict:
+    floor = weight_bytes / gbps / 1e6  # bytes / (GB/s) -> ms
+    floor_kv = (weight_bytes + kv_bytes) / gbps / 1e6
+    row.update(kv_bytes=kv_bytes, floor_ms=floor, round_over_floor=row["round_ms"] / floor,
+               floor_kv_ms=floor_kv, round_over_floor_kv=row["round_ms"] / floor_kv,
+               verify_share=row["verify_ms"] / row["round_ms"])
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+def _ms(x, graph=None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.2f}" + (f" ({graph:.2f})" if graph is not None else "")
+
+
+def markdown(result: dict) -> str:
+    t, d = result["target"], result["draft"]
+    head = [f"## End-to-end step table: {result['device']} ({result['date']}, commit "
+            f"{result['commit']})", "",
+            f"Command: `{result['command']}`", "",
+            f"Target: {t['name']} ({t['layers']} layers, hidden {t['hidden']}, {t['q_heads']}/"
+            f"{t['kv_heads']} heads x {t['head_dim']}, vocab {t['vocab']}), "
+            f"{t['weight_bytes'] / 1e9:.2f} GB; draft: DSpine {d['layers']} layers tapping "
+            f"{d['taps']}, block {d['block']}, window {d['window']}, "
+            f"{d['weight_bytes'] / 1e9:.2f} GB. Random {result['dtype']} weights; CUDA graphs "
+            f"{'on' if result['cuda_graphs'] else 'off'}; median of {result['iters']}.",
+            f"Copy bandwidth {result['ceilings']['copy_GBps']:.0f} GB/s (read + write); floor = "
+            f"(target + draft weight bytes) / bandwidth; +KV adds the K/V a round reads. "
+            f"Draft / verify: the engine's runner calls (graph replay alone in parentheses).", ""]
+    header = ["batch", "context", "draft ms (graph)", "verify ms (graph)", "block verify ms",
+              "round ms", "verify % of round", "floor ms", "round / floor", "floor+KV ms",
+              "round / floor+KV"]
+    rows = [[r["batch"], r["context"], _ms(r["draft_ms"], r["draft_graph_ms"]),
+             _ms(r["verify_ms"], r["verify_graph_ms"]), _ms(r["block_verify_ms"]),
+             _ms(r["round_ms"]), f"{100 * r['verify_share']:.0f}", _ms(r["floor_ms"]),
+             f"{r['round_over_floor']:.2f}", _ms(r["floor_kv_ms"]),
+             f"{r['round_over_floor_kv']:.2f}"] for r in result["rows"]]
+    return "\n".join(head + [markdown_table(header, rows)])
+
+
+def device_slug(device: torch.device, tiny: bool) -> str:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower().replace("nvidia", "")).strip("_")
+    return slug + ("_tiny" if tiny else "")
+
+
+def describe(target: TargetModel, draft: DSpineDraft, tiny: bool) -> tuple[dict, dict]:
+    t, d = target.config, draft.config
+    return ({"name": "tiny Qwen3-shaped" if tiny else "Qwen3-8B-shaped", "layers": t.num_layers,
+             "hidden": t.hidden_size, "q_heads": t.num_heads, "kv_heads": t.num_kv_heads,
+             "head_dim": t.head_dim, "intermediate": t.intermediate_size, "vocab": t.vocab_size,
+             "qk_norm": t.qk_norm, "tied": t.tie_word_embeddings,
+             "weight_bytes": target_weight_bytes(target)},
+            {"layers": d.num_layers, "hidden": d.hidden_size, "taps": d.target_layer_ids,
+             "block": d.block_size, "window": d.sliding_window, "intermediate": d.intermediate_size,
+             "injection": d.injection, "transition_rank": d.transition_rank,
+             "weight_bytes": draft_weight_bytes(draft)})
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", type=int, nargs="+", help="default 1 8 32 (--tiny: 1 4)")
+    p.add_argument("--contexts", type=int, nargs="+", help="default 1024 8192 (--tiny: 32 128)")
+    p.add_argument("--iters", type=int, default=20, help="timed runs per number (median)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--tiny", action="store_true", help="tiny models: a CPU smoke run in seconds")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--out", default=str(RESULTS), help="directory for step_table_<device>.json")
+    args = p.parse_args(argv)
+    batches, contexts = DEFAULTS[args.tiny]
+    args.batches, args.contexts = args.batches or batches, args.contexts or contexts
+    if min(args.contexts) < 16:
+        p.error("contexts must be >= 16 (each sequence carries 16 pending context rows)")
+    return args
+
+
+def setup(args, device):
+    """Models, KV pools, the engine's runner and scheduler, and its CUDA graphs."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    print("building the models (random weights)", file=sys.stderr, flush=True)
+    target = build_target(TINY_TARGET if args.tiny else QWEN3_8B, device, dtype)
+    draft = build_draft(target, TINY_DRAFT if args.tiny else DSPINE_5L)
+    max_b, max_ctx = max(args.batches), max(args.contexts)
+    target_kv, draft_kv = kv_pools(target, draft, max_b, max_ctx)
+    runner = ModelRunner(target, draft, target_kv, draft_kv)
+    scheduler = Scheduler(target_kv, draft_kv, runner.block, runner.window, max_b,
+                          max_b * max_ctx)
+    graphs = device.type == "cuda" and not args.eager and attach_graphs(runner, max_b)
+    return runner, scheduler, graphs
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    info = run_info(str(device))
+    cmd = sys.argv[1:] if argv is None else list(argv)
+    info["command"] = "python benchmarks/step_table.py " + " ".join(cmd)
+    ceilings = measure_bandwidth(device)  # first, while the card's memory is free
+    runner, scheduler, graphs = setup(args, device)
+    target_info, draft_info = describe(runner.target, runner.draft, args.tiny)
+    weight_bytes = target_info["weight_bytes"] + draft_info["weight_bytes"]
+    result = dict(info, cuda=torch.version.cuda, tiny=args.tiny, dtype=str(runner.target.dtype)
+                  .replace("torch.", ""), cuda_graphs=bool(graphs), iters=args.iters,
+                  warmup=args.warmup, ceilings=ceilings, target=target_info, draft=draft_info,
+                  weight_bytes=weight_bytes, definitions=DEFINITIONS, rows=[], complete=False)
+    name = f"step_table_{device_slug(device, args.tiny)}"
+    configs = [(b, c) for c in args.contexts for b in args.batches]
+    for batch, context in (bar := tqdm(configs, desc="step table", unit="cfg")):
+        bar.set_postfix(batch=batch, context=context)
+        row = bench_config(runner, scheduler, batch, context, args.iters, args.warmup)
+        kv = kv_read_bytes(runner.target, runner.draft, batch, context)
+        result["rows"].append(add_floors(row, weight_bytes, kv, ceilings["copy_GBps"]))
+        save_json(name, result, args.out)  # a killed run keeps the rows it finished
+    result["complete"] = True
+    path = save_json(name, result, args.out)
+    print(markdown(result))
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
