@@ -68,6 +68,30 @@ def test_generate_with_draft_prints_tau(tiny_llama, tmp_path):
     assert stats["tau"] >= 1.0 and len(stats["acceptance_by_position"]) == 15
 
 
+@pytest.mark.parametrize("argv,device,expected", [
+    ([], "cuda", "default"),       # the shipped drafter where it pays
+    ([], "cpu", None),             # measured slower than autoregressive on the CPU
+    (["--draft", "default"], "cpu", "default"),
+    (["--no-draft"], "cuda", None),
+    (["--model", "some/dir"], "cuda", None),  # the shipped drafter fits SmolLM2 only
+    (["--draft", "my/draft"], "cpu", "my/draft"),
+])
+def test_generate_draft_choice(argv, device, expected):
+    from dspine_engine.cli.generate import _draft_choice, build_parser
+
+    args = build_parser().parse_args(argv + ["--device", device, "--quiet", "hi"])
+    assert _draft_choice(args) == expected
+
+
+def test_generate_default_drafter_on_the_default_model():
+    out = _run(["dspine_engine.cli.generate", "--draft", "default", "--device", "cpu",
+                "--max-new-tokens", "24", "--quiet", "--json-stats", "Write a Python hello world."])
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stderr.strip().splitlines()[-1])
+    assert stats["tau"] >= 1.0 and len(stats["acceptance_by_position"]) == 15
+    assert out.stdout.strip()
+
+
 def test_bench_accept_writes_json_and_plot(tiny_llama, tmp_path):
     import torch
 

@@ -17,6 +17,7 @@ The default target is SmolLM2-135M-Instruct: on first use its GGUF is fetched on
 EPILOG = """\
 examples:
   dspine-generate "Write a haiku about the sea."
+  dspine-generate --draft default "Write a haiku about the sea."   # the shipped DSpine drafter
   echo "Explain RoPE in two sentences." | dspine-generate --max-new-tokens 200
   dspine-generate --draft path/to/dspine-draft --temperature 0.7 --seed 1 "Tell me a story."
   dspine-generate --model path/to/Qwen3-0.6B --device cuda --dtype bfloat16 "Hi!"
@@ -31,9 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target: HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     draft = p.add_mutually_exclusive_group()
     draft.add_argument("--draft", default="auto",
-                       help="draft model directory, or 'default' for the shipped drafter "
-                            "(default: the shipped drafter when the target is the default model "
-                            "and one is shipped; otherwise none)")
+                       help="draft model directory, or 'default' for the shipped DSpine drafter "
+                            "(default 'auto': the shipped drafter for the default model on a "
+                            "GPU; none on the CPU, where it measured slower than autoregressive "
+                            "decoding, see docs/BENCHMARKS.md)")
     draft.add_argument("--no-draft", action="store_true",
                        help="plain autoregressive decoding (the baseline)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="stop after this many tokens")
@@ -56,14 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _draft_choice(args):
+    """--draft auto takes the shipped drafter where it pays: the default model on a GPU. On the
+    CPU a 16-token fp32 verify costs ~3.5 decode steps, more than the drafter's tau (~1.7)
+    gains back (measured 12 vs 31 tok/s), so auto decodes autoregressively there."""
     if args.no_draft:
         return None
     if args.draft != "auto":
         return args.draft
+    import torch
+
     from ..models.drafters import DEFAULT_DRAFTER
 
+    on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if args.model in (None, "default") and (DEFAULT_DRAFTER / "config.json").is_file():
-        return "default"
+        if on_gpu:
+            return "default"
+        if not args.quiet:
+            print("(autoregressive: the shipped drafter is slower than plain decoding on the CPU; "
+              "--draft default uses it anyway)", file=sys.stderr)
     return None
 
 
