@@ -1,5 +1,5 @@
-"""Randomly initialised DSpine/DFlash drafts sized for SmolLM2-135M (shared by the CPU and GPU
-engine tests)."""
+"""Randomly initialised DSpine/DFlash drafts for the tests: sized for SmolLM2-135M (the CPU and
+GPU engine tests) or for the tiny test target (CLI and benchmark tests)."""
 from __future__ import annotations
 
 import torch
@@ -19,4 +19,13 @@ def smollm2_draft_config(**kw) -> DraftConfig:
 
 def write_random_draft(path, **kw):
     DSpineDraft(smollm2_draft_config(**kw)).init_weights(seed=7).save(path, torch.float32)
+    return path
+
+
+def write_tiny_random_draft(path, seed: int):
+    """A one-layer random draft that fits the `tiny_llama` test target (hidden 64, 3 layers)."""
+    cfg = DraftConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=96, vocab_size=49152, target_layer_ids=[0, 2],
+                      max_position_embeddings=512, transition_rank=8)
+    DSpineDraft(cfg).init_weights(seed).save(path, torch.float32)
     return path

@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import step_table  # noqa: E402
+from random_drafts import write_tiny_random_draft  # noqa: E402
 
 TIMES = ("draft_ms", "verify_ms", "block_verify_ms", "round_ms", "floor_ms", "floor_kv_ms",
          "round_over_floor", "round_over_floor_kv")
@@ -35,21 +36,14 @@ def test_step_table_tiny(tmp_path, capsys):
 
 def test_train_vs_engine_tau_on_a_tiny_target(tiny_llama, tmp_path):
     """Both numbers on the same data: a tiny target, a random draft, self-generated records."""
-    import torch
-
     import train_vs_engine_tau
     from dspine_engine.cli.train import main as train_main
-    from dspine_engine.models.draft_config import DraftConfig
-    from dspine_engine.models.dspine import DSpineDraft
 
     data = tmp_path / "data.jsonl"
     assert train_main(["data", "--target", str(tiny_llama), "--out", str(data), "--num", "4",
                        "--user-max-tokens", "6", "--max-new-tokens", "24", "--keep-truncated",
                        "--quiet"]) == 0
-    cfg = DraftConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
-                      intermediate_size=96, vocab_size=49152, target_layer_ids=[0, 2],
-                      max_position_embeddings=512, transition_rank=8)
-    DSpineDraft(cfg).init_weights(3).save(tmp_path / "draft", torch.float32)
+    write_tiny_random_draft(tmp_path / "draft", seed=3)
     assert train_vs_engine_tau.main(["--data", str(data), "--target", str(tiny_llama), "--draft",
                                      str(tmp_path / "draft"), "--max-new-tokens", "24",
                                      "--out", str(tmp_path)]) == 0

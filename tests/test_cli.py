@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from random_drafts import write_tiny_random_draft
+
 
 def _run(args, stdin=None, env_extra=None):
     import os
@@ -51,15 +53,7 @@ def test_generate_errors_are_clear(tiny_llama, args, message):
 
 
 def test_generate_with_draft_prints_tau(tiny_llama, tmp_path):
-    import torch
-
-    from dspine_engine.models.draft_config import DraftConfig
-    from dspine_engine.models.dspine import DSpineDraft
-
-    cfg = DraftConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
-                      intermediate_size=96, vocab_size=49152, target_layer_ids=[0, 2],
-                      max_position_embeddings=512, transition_rank=8)
-    DSpineDraft(cfg).init_weights(1).save(tmp_path / "draft", torch.float32)
+    write_tiny_random_draft(tmp_path / "draft", seed=1)
     out = _run(["dspine_engine.cli.generate", "--model", str(tiny_llama), "--draft",
                 str(tmp_path / "draft"), "--max-new-tokens", "20", "--quiet", "--json-stats",
                 "Hi"])
@@ -93,15 +87,7 @@ def test_generate_default_drafter_on_the_default_model():
 
 
 def test_bench_accept_writes_json_and_plot(tiny_llama, tmp_path):
-    import torch
-
-    from dspine_engine.models.draft_config import DraftConfig
-    from dspine_engine.models.dspine import DSpineDraft
-
-    cfg = DraftConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
-                      intermediate_size=96, vocab_size=49152, target_layer_ids=[0, 2],
-                      max_position_embeddings=512, transition_rank=8)
-    DSpineDraft(cfg).init_weights(2).save(tmp_path / "draft", torch.float32)
+    write_tiny_random_draft(tmp_path / "draft", seed=2)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "Hello"}\n{"messages": [{"role": "user", "content": "Hi"}]}\n')
     out = _run(["dspine_engine.cli.bench", "accept", "--target", str(tiny_llama), "--draft",
