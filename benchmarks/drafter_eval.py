@@ -79,10 +79,9 @@ def lossless_check(draft, target, device, n_prompts, out_dtype):
 
 
 def device_tag(device: str | None) -> str:
-    import torch
+    from dspine_engine.engine.engine import resolve_device
 
-    d = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return d.split(":")[0]
+    return resolve_device(device).type
 
 
 def main():

@@ -42,7 +42,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, markdown_table, run_info, save_json  # noqa: E402
 
-from dspine_engine.engine.engine import EngineStats  # noqa: E402
+from dspine_engine.engine.engine import EngineStats, resolve_device  # noqa: E402
 from dspine_engine.engine.kv_cache import KVCache, pages_for  # noqa: E402
 from dspine_engine.engine.runner import ModelRunner  # noqa: E402
 from dspine_engine.engine.sampling import SamplingParams  # noqa: E402
@@ -451,7 +451,7 @@ def setup(args, device):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(None)
     torch.manual_seed(0)
     info = run_info(str(device))
     cmd = sys.argv[1:] if argv is None else list(argv)

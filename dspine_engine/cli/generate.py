@@ -65,17 +65,15 @@ def _draft_choice(args):
         return None
     if args.draft != "auto":
         return args.draft
-    import torch
-
+    from ..engine.engine import resolve_device
     from ..models.drafters import DEFAULT_DRAFTER
 
-    on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     if args.model in (None, "default") and (DEFAULT_DRAFTER / "config.json").is_file():
-        if on_gpu:
+        if resolve_device(args.device).type == "cuda":
             return "default"
         if not args.quiet:
             print("(autoregressive: the shipped drafter is slower than plain decoding on the CPU; "
-              "--draft default uses it anyway)", file=sys.stderr)
+                  "--draft default uses it anyway)", file=sys.stderr)
     return None
 
 

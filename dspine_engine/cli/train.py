@@ -229,9 +229,7 @@ def _new_draft(args, target):
 
 
 def run_fit(args, t_start: float) -> int:
-    import torch
-
-    from ..engine.engine import resolve_dtype
+    from ..engine.engine import resolve_device, resolve_dtype
     from ..models.default_model import resolve_model_path
     from ..models.target import TargetModel
     from ..train.data import read_samples
@@ -253,7 +251,7 @@ def run_fit(args, t_start: float) -> int:
         cfg, ignored = resume_config(state["config"], cfg)
         for item in ignored:
             print(f"--resume: ignoring {item}", file=sys.stderr)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     dtype = resolve_dtype("bfloat16" if cfg.bf16 and device.type == "cuda" else "float32",
                           device)
     target = TargetModel.load(resolve_model_path(args.target), device, dtype,

@@ -38,6 +38,11 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
+def resolve_device(device) -> torch.device:
+    """The device asked for, or CUDA when there is one, else the CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
     if dtype is None or dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -88,7 +93,7 @@ class Engine:
         from ..models.default_model import resolve_model_path
         from ..models.drafters import resolve_draft_path
 
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         target_dir = resolve_model_path(target)
         self.model_dir = Path(target_dir)
