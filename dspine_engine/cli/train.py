@@ -56,15 +56,24 @@ def _data_parser(sub) -> None:
     _common(p)
     p.add_argument("--out", required=True, help="output JSONL (appended to / resumed if present)")
     p.add_argument("--num", type=int, default=None,
-                   help="records the file should hold (default: one per prompt with --prompts; "
-                        "required for self-generation)")
+                   help="prompts the file should hold answers to (a multi-turn prompt counts "
+                        "once; default: every prompt of --prompts; required for "
+                        "self-generation)")
     p.add_argument("--prompts", default=None,
-                   help="JSONL of prompts: {prompt|instruction|question|text}, "
-                        "{messages|conversations} (cut after the last user turn) or {prompt_ids}; "
-                        "without it the target writes the user prompts itself")
+                   help="JSONL of prompts (e.g. from `dspine-train prompts`): "
+                        "{prompt|instruction|question|text}, {turns: [q1, q2, ...]} (every turn "
+                        "answered by the target, one record per turn), {messages|conversations} "
+                        "(cut after the last user turn), {prompt_ids} or {magpie: true} (the "
+                        "target writes that user prompt); without it the target writes them all")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="answer length cap")
     p.add_argument("--answer-temperature", type=float, default=0.0,
                    help="temperature of the answers (0 = greedy, the decoding to accelerate)")
+    p.add_argument("--sampled-share", type=float, default=0.0,
+                   help="share of the prompts (chosen per index from --seed) answered at "
+                        "--sampled-temperature instead, for sampled decoding; each record "
+                        "stores its temperature")
+    p.add_argument("--sampled-temperature", type=float, default=1.0,
+                   help="temperature of the --sampled-share answers")
     p.add_argument("--user-temperature", type=float, default=1.0,
                    help="temperature of self-generated user prompts (diversity)")
     p.add_argument("--user-top-p", type=float, default=1.0, help="top-p of user prompts")
@@ -188,6 +197,8 @@ def run_data(args) -> int:
                     kv_cache_tokens=args.kv_cache_tokens, progress=not args.quiet)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens,
                            answer_temperature=args.answer_temperature,
+                           sampled_share=args.sampled_share,
+                           sampled_temperature=args.sampled_temperature,
                            user_temperature=args.user_temperature, user_top_p=args.user_top_p,
                            user_max_tokens=args.user_max_tokens,
                            keep_truncated=args.keep_truncated, chunk=args.chunk, seed=args.seed)
