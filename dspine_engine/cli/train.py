@@ -60,7 +60,7 @@ def _data_parser(sub) -> None:
                         "once; default: every prompt of --prompts; required for "
                         "self-generation)")
     p.add_argument("--prompts", default=None,
-                   help="JSONL of prompts (e.g. from `dspine-train prompts`): "
+                   help="JSONL of prompts: "
                         "{prompt|instruction|question|text}, {turns: [q1, q2, ...]} (every turn "
                         "answered by the target, one record per turn), {messages|conversations} "
                         "(cut after the last user turn), {prompt_ids} or {magpie: true} (the "

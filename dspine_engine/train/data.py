@@ -289,7 +289,7 @@ class DataGenerator:
             messages = [{"role": "user", "content": text}]
             out.append(_Conversation(i, tok.encode_chat(messages), messages, [],
                                      self._temperature(i),
-                                     prompts[i].source if prompts else None, user=text))
+                                     prompts[i].source if prompts else "magpie", user=text))
         return out
 
     def _answer_and_write(self, convs: list[_Conversation]) -> int:
