@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Histogram, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -53,6 +54,8 @@ class _EngineCollector:
                        "sequences", e.rounds)
         yield _counter("dspine_engine_generated_tokens", "tokens the engine committed",
                        e.new_tokens)
+        yield _counter("dspine_engine_accepted_draft_tokens", "draft tokens accepted (tau = 1 + "
+                       "accepted / rounds)", e.accepted_drafts)
         yield _gauge("dspine_engine_tokens_per_second", "output tokens per second of engine busy "
                      "time (for a windowed rate use rate(dspine_generation_tokens_total))",
                      e.tokens_per_second)
@@ -75,6 +78,7 @@ def _counter(name, doc, value):
 
 class ServerMetrics:
     def __init__(self, snapshot: Callable[[], LoopSnapshot]):
+        disable_created_metrics()  # no *_created series: they double the text and say nothing
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("dspine_requests", "finished requests", ["endpoint",

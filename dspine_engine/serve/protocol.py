@@ -9,7 +9,7 @@ Unknown fields are ignored, as the OpenAI API and vLLM do.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -167,5 +167,3 @@ class CompletionRequest(_SamplingRequest):
             raise APIError(400, "prompt must not be empty", param="prompt")
         return p
 
-
-Endpoint = Literal["chat", "completion"]
