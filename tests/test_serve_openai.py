@@ -2,6 +2,9 @@
 streamed and not, autoregressive and with the shipped drafter. The text is the engine's greedy
 output (for the drafter too: speculative decoding is lossless), usage counts the engine's tokens,
 and streamed pieces join to the whole text."""
+import subprocess
+import sys
+
 import pytest
 
 from serve_harness import Server
@@ -54,6 +57,19 @@ def test_chat_equals_engine_greedy(client, expected, i):
     assert r.choices[0].message.content == expected[i].text
     assert r.choices[0].finish_reason == expected[i].finish_reason
     _usage_matches(r.usage, expected[i])
+
+
+def test_chat_equals_dspine_generate(client, server):
+    """The same prompt through `dspine-generate` (greedy, same draft choice) gives the same
+    text as the server."""
+    draft = "--no-draft" if "--no-draft" in server.args else "--draft=default"
+    out = subprocess.run([sys.executable, "-m", "dspine_engine.cli.generate", draft, "--quiet",
+                          "--max-new-tokens", str(MAX_TOKENS), CHATS[0][0]["content"]],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = client.chat.completions.create(model=MODEL, messages=CHATS[0], temperature=0,
+                                       max_tokens=MAX_TOKENS)
+    assert out.stdout == r.choices[0].message.content + "\n"
 
 
 def test_chat_stream_joins_to_the_text(client, expected):
