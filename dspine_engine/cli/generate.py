@@ -24,10 +24,8 @@ examples:
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dspine-generate", description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model, --draft and --no-draft (read by `_draft_choice`), shared with dspine-serve."""
     p.add_argument("--model", default=None,
                    help="target: HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
     draft = p.add_mutually_exclusive_group()
@@ -38,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "decoding, see docs/BENCHMARKS.md)")
     draft.add_argument("--no-draft", action="store_true",
                        help="plain autoregressive decoding (the baseline)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dspine-generate", description=DESCRIPTION, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted")
+    add_model_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=256, help="stop after this many tokens")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (default); > 0 samples (speculative sampling stays lossless)")

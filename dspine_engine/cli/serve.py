@@ -8,6 +8,8 @@ import socket
 import sys
 from pathlib import Path
 
+from .generate import add_model_arguments
+
 DESCRIPTION = """\
 Serve a target model (optionally with a DSpine or DFlash draft, through lossless speculative
 decoding) behind an OpenAI-compatible HTTP API:
@@ -40,14 +42,7 @@ examples:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dspine-serve", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None,
-                   help="target: HF model directory or .gguf file (default: SmolLM2-135M-Instruct)")
-    draft = p.add_mutually_exclusive_group()
-    draft.add_argument("--draft", default="auto",
-                       help="draft model directory, or 'default' for the shipped DSpine drafter "
-                            "(default 'auto': the shipped drafter for the default model on a "
-                            "GPU, none on the CPU, as dspine-generate)")
-    draft.add_argument("--no-draft", action="store_true", help="autoregressive decoding")
+    add_model_arguments(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1, loopback only; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free one)")
