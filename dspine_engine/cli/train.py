@@ -8,8 +8,12 @@ import time
 from pathlib import Path
 
 DESCRIPTION = """\
-Train a DSpine draft model for a target model, in two steps:
+Train a DSpine draft model for a target model, in two steps (and an optional first one):
 
+  prompts  builds a diverse prompt corpus offline (code tasks from installed third-party
+        packages' docstrings, math word problems, writing, extraction, roleplay, STEM,
+        multi-turn, ...) and a held-out benchmark-like set; never HumanEval, MT-Bench or the
+        standard library's docstrings.
   data  the target writes the training data: its own answers (greedy by default) to prompts
         from a JSONL file, or to user messages it writes itself (Magpie-style: the chat
         template is cut where a user turn starts and the target samples the user message).
@@ -26,6 +30,7 @@ docs/TRAINING.md for the losses, masks and recommended GPU commands."""
 
 EPILOG = """\
 examples:
+  dspine-train prompts --out prompts.jsonl --num 300000 --heldout-out heldout.jsonl
   dspine-train data --out data.jsonl --num 20000 --max-minutes 9
   dspine-train data --prompts prompts.jsonl --out data.jsonl
   dspine-train fit --data data.jsonl --out runs/dspine --steps 4000 --max-minutes 9 --resume
@@ -92,6 +97,42 @@ def _data_parser(sub) -> None:
     p.add_argument("--kv-cache-tokens", type=int, default=None,
                    help="target KV pool size in tokens (default: the engine's; set it when "
                         "several generators share one GPU)")
+
+
+def _prompts_parser(sub) -> None:
+    from ..train.prompts import DEFAULT_MIX
+
+    p = sub.add_parser("prompts", help="build a training-prompt corpus (+ a held-out set)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Build a de-duplicated, shuffled JSONL of prompts for "
+                                   "`dspine-train data --prompts`, offline, from the docstrings "
+                                   "of installed third-party packages (read with ast, never "
+                                   "imported) and templated task families; deterministic for a "
+                                   "seed and an environment. docs/TRAINING.md lists the "
+                                   "families and the exclusions.")
+    p.add_argument("--out", required=True, help="output JSONL of training prompts")
+    p.add_argument("--num", type=int, default=200_000, help="training prompts to write")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the training corpus (a new seed gives fresh prompts)")
+    p.add_argument("--mix", default=None,
+                   help="family shares, e.g. code=0.4,math=0.2 (the other families share the rest "
+                        "in proportion to their defaults; 0 drops one). Defaults: " +
+                        ",".join(f"{k}={v:g}" for k, v in DEFAULT_MIX.items()))
+    p.add_argument("--magpie-share", type=float, default=0.0,
+                   help="share of {magpie: true} lines: user prompts the target writes itself "
+                        "when `dspine-train data` answers the file")
+    p.add_argument("--heldout-out", default=None,
+                   help="also write the held-out benchmark-like set here (code completion from "
+                        "reserved modules + two-turn conversations from reserved templates)")
+    p.add_argument("--heldout-num", type=int, default=1000, help="held-out prompts to write")
+    p.add_argument("--heldout-seed", type=int, default=0,
+                   help="seed of the held-out set (keep it fixed across runs to compare them)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes reading the package sources (None: all cores)")
+    p.add_argument("--site-dir", action="append", default=None,
+                   help="read third-party sources from this directory instead of the "
+                        "interpreter's site-packages/dist-packages (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _fit_parser(sub) -> None:
@@ -176,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dspine-train", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+    _prompts_parser(sub)
     _data_parser(sub)
     _fit_parser(sub)
     return p
@@ -296,6 +338,10 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "prompts":
+            from ..train.prompts import main_prompts
+
+            return main_prompts(args)
         if args.command == "data":
             return run_data(args)
         return run_fit(args, t_start)
