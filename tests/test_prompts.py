@@ -222,7 +222,8 @@ def built(planted):
 
 
 def _texts(result):
-    return [P.text_of(r) for r in result.records if "magpie" not in r]
+    """The prompt texts of a BuildResult or of a list of records."""
+    return [P.text_of(r) for r in getattr(result, "records", result) if "magpie" not in r]
 
 
 def test_stdlib_place_and_name_rules(planted):
@@ -435,3 +436,22 @@ def test_prompts_help_explains_every_flag(capsys):
     assert "--heldout-out" in capsys.readouterr().out
     actions = build_parser()._subparsers._group_actions[0].choices["prompts"]._actions
     assert all(a.help for a in actions)
+
+
+def test_exclude_keeps_an_earlier_set_out(planted, built, tmp_path):
+    from dspine_engine.train.prompt_code import FENCED
+
+    train, _, _ = built
+    kept = [r for r in train.records if r["task"] != "code.complete"][:300]
+    completes = [r for r in train.records if r["task"] == "code.complete"][:20]
+    earlier = tmp_path / "earlier.jsonl"  # like a held-out set kept from an earlier run
+    P.write_jsonl(earlier, kept + completes)
+    again, _, corpus = P.build(1500, 0, None, 0.0, 0, 0, 1, planted["sites"], planted["std"],
+                               guard=P.EvalGuard([]), progress=False, exclude_files=[earlier])
+    shown = {S.text_key(FENCED.findall(r["prompt"])[0]) for r in completes}
+    assert corpus.stats["dropped_items"]["--exclude"] == len(shown)  # one item per code block
+    assert not set(_texts(again)) & set(_texts(kept + completes))
+    heads = lambda texts: {tuple(b.splitlines()[:2]) for t in texts  # noqa: E731
+                           for b in FENCED.findall(t)}
+    # The functions those completions showed appear in no shape at all (source, bug, ...).
+    assert heads(_texts(completes)) and not heads(_texts(again)) & heads(_texts(completes))

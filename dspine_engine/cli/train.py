@@ -127,6 +127,9 @@ def _prompts_parser(sub) -> None:
     p.add_argument("--heldout-num", type=int, default=1000, help="held-out prompts to write")
     p.add_argument("--heldout-seed", type=int, default=0,
                    help="seed of the held-out set (keep it fixed across runs to compare them)")
+    p.add_argument("--exclude", action="append", default=None,
+                   help="a prompts JSONL (e.g. the held-out set of an earlier run) whose prompts "
+                        "and shown code no training prompt may repeat (repeatable)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes reading the package sources (None: all cores)")
     p.add_argument("--site-dir", action="append", default=None,

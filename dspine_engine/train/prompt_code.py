@@ -17,6 +17,7 @@ from . import prompt_words as W
 from .prompt_sources import CodeItem
 
 HUMANEVAL_HEAD = "Complete the following Python function."
+FENCED = re.compile(r"```python\n(.*?)```", re.S)  # the code a prompt shows
 
 
 def _fence(code: str) -> str:

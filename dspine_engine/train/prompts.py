@@ -180,7 +180,8 @@ def _pool(workers: int):
 
 
 def collect_code(sites: list[Path] | None, workers: int, guard: EvalGuard,
-                 progress: bool = True, std: list[Path] | None = None) -> CodeCorpus:
+                 progress: bool = True, std: list[Path] | None = None,
+                 excluded_code: set[str] = frozenset()) -> CodeCorpus:
     """Reads every third-party .py file (in parallel, in a fixed order) and the standard library's
     docstrings, and returns the usable items per split."""
     t0 = time.monotonic()
@@ -206,14 +207,16 @@ def collect_code(sites: list[Path] | None, workers: int, guard: EvalGuard,
             bar.update()
         bar.close()
     corpus.stats["unreadable_files"] = errors
-    _keep_usable(corpus, results, std_keys, guard)
+    _keep_usable(corpus, results, std_keys, guard, excluded_code)
     corpus.stats["seconds"] = time.monotonic() - t0
     return corpus
 
 
 def _keep_usable(corpus: CodeCorpus, items: list[S.CodeItem], std_keys: set[str],
-                 guard: EvalGuard) -> None:
-    seen, dropped = set(), {"duplicate": 0, "stdlib text": 0, "eval text": 0, "held-out text": 0}
+                 guard: EvalGuard, excluded_code: set[str]) -> None:
+    seen = set()
+    dropped = {"duplicate": 0, "stdlib text": 0, "eval text": 0, "held-out text": 0,
+               "--exclude": 0}
     split_items = {"train": [], "heldout": []}
     for it in items:
         key = S.text_key(it.doc)
@@ -225,6 +228,8 @@ def _keep_usable(corpus: CodeCorpus, items: list[S.CodeItem], std_keys: set[str]
             dropped["stdlib text"] += 1
         elif guard.hits(it.doc) or guard.hits(it.code):
             dropped["eval text"] += 1
+        elif excluded_code and S.text_key(it.code) in excluded_code:
+            dropped["--exclude"] += 1
         else:
             split_items[S.split_of(it.module)].append(it)
     train_keys = {S.text_key(it.doc) for it in split_items["train"]}
@@ -395,22 +400,40 @@ def generate(families: dict, mix: dict[str, float], num: int, seed: str, guard: 
     return BuildResult(records, counts, asked, exhausted, time.monotonic() - t0)
 
 
+def exclusion_keys(paths) -> tuple[set[str], set[str]]:
+    """Text keys of the prompts in these JSONL files (e.g. a held-out set kept from an earlier
+    run) and of the code blocks they show."""
+    prompts, code = set(), set()
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                if "magpie" in rec:
+                    continue
+                text = text_of(rec)
+                prompts.add(S.text_key(text))
+                code.update(S.text_key(b) for b in C.FENCED.findall(text))
+    return prompts, code
+
+
 def build(num: int, seed: int = 0, mix: dict | None = None, magpie_share: float = 0.0,
           heldout_num: int = 0, heldout_seed: int = 0, workers: int | None = None,
           sites: list[Path] | None = None, std: list[Path] | None = None,
-          guard: EvalGuard | None = None, progress: bool = True):
+          guard: EvalGuard | None = None, progress: bool = True, exclude_files=()):
     """The training corpus and (``heldout_num`` > 0) the held-out set; returns
-    (train BuildResult, held-out BuildResult or None, CodeCorpus)."""
+    (train BuildResult, held-out BuildResult or None, CodeCorpus). No training prompt is one of
+    ``exclude_files``' prompts or shows one of their code blocks."""
     if not 0 <= magpie_share <= 1:
         raise ValueError(f"--magpie-share must be in [0, 1], got {magpie_share}")
     mix = dict(DEFAULT_MIX if mix is None else mix)
     guard = EvalGuard.from_cache() if guard is None else guard
     needs_code = mix.get("code", 0) > 0 or mix.get("explain", 0) > 0 or mix.get(
         "multiturn", 0) > 0 or heldout_num > 0
-    corpus = (collect_code(sites, workers or os.cpu_count() or 1, guard, progress, std)
-              if needs_code else CodeCorpus())
+    excluded, excluded_code = exclusion_keys(exclude_files)
+    corpus = (collect_code(sites, workers or os.cpu_count() or 1, guard, progress, std,
+                           excluded_code) if needs_code else CodeCorpus())
     train = generate(make_families("train", corpus), mix, num, f"train:{seed}", guard,
-                     magpie=round(num * magpie_share), progress=progress)
+                     exclude=excluded, magpie=round(num * magpie_share), progress=progress)
     held = None
     if heldout_num > 0:
         train_keys = {S.text_key(text_of(r)) for r in train.records if "magpie" not in r}
@@ -466,7 +489,8 @@ def main_prompts(args) -> int:
     guard = EvalGuard.from_cache()
     train, held, corpus = build(args.num, args.seed, mix, args.magpie_share,
                                 args.heldout_num if args.heldout_out else 0, args.heldout_seed,
-                                args.workers, sites, guard=guard, progress=not args.quiet)
+                                args.workers, sites, guard=guard, progress=not args.quiet,
+                                exclude_files=args.exclude or ())
     write_jsonl(Path(args.out), train.records)
     if held is not None:
         write_jsonl(Path(args.heldout_out), held.records)
