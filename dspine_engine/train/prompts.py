@@ -25,6 +25,7 @@ word-shingle by word-shingle) or a standard-library docstring (prompt_sources).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -56,7 +57,7 @@ RESERVED_FRACTION = 1 / 6  # of each family's templates (and follow-ups) kept fo
 THIRD_TURN_SHARE = 0.15
 SHINGLE = 10  # words: a prompt sharing this many consecutive words with an eval prompt is dropped
 MAX_MISSES = 4000  # consecutive duplicates/misfits after which a family counts as exhausted
-MAX_PER_ITEM = 3  # prompts one code item may serve in one corpus (code + multi-turn code)
+MAX_PER_ITEM = 3  # prompts one code item may serve in one family of one corpus
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -261,13 +262,11 @@ class TemplateFamily:
 
 class ItemFamily:
     """Prompts from code items: a shape drawn by its share among those with items left, then
-    one of its items. An item serves at most MAX_PER_ITEM prompts (``uses`` may be shared by
-    families), so a small environment gives fewer code prompts, not the same code many times."""
+    one of its items. An item serves at most MAX_PER_ITEM prompts of a family, so a small
+    environment gives fewer code prompts, not the same code many times."""
 
-    def __init__(self, name: str, items: list[S.CodeItem], shapes: dict,
-                 uses: dict | None = None):
-        self.name, self.items = name, items
-        self.uses = {} if uses is None else uses
+    def __init__(self, name: str, items: list[S.CodeItem], shapes: dict):
+        self.name, self.items, self.uses = name, items, {}
         self.by_shape = {shape: [i for i, it in enumerate(items) if fits(it)]
                          for shape, (_, fits) in shapes.items()}
         self.shares = {shape: w for shape, (w, _) in shapes.items()}
@@ -328,18 +327,24 @@ class MultiTurnFamily:
         return f"multiturn.{task}", turns
 
 
-def make_families(split: str, corpus: CodeCorpus) -> dict:
-    fams = {name: TemplateFamily(name, split) for name in TEMPLATE_FAMILIES}
-    shapes = C.CODE_SHAPES if split == "train" else HELDOUT_CODE_SHAPES
-    uses = {}
-    fams["code"] = ItemFamily("code", corpus.items[split], shapes, uses)
-    fams["explain"] = ExplainFamily(corpus.items[split], corpus.terms[split])
-    bases = {k: v for k, v in fams.items() if k in MULTITURN_BASES}
-    if split == "train":  # code first turns of the training conversations: write or complete
-        bases["code"] = ItemFamily("code", corpus.items[split],
-                                   {s: C.CODE_SHAPES[s] for s in (C.write, C.complete)}, uses)
-    fams["multiturn"] = MultiTurnFamily(bases, split)
-    return fams
+def make_family(name: str, split: str, corpus: CodeCorpus):
+    """One family's prompt source for a split ("train" or "heldout")."""
+    if name in TEMPLATE_FAMILIES:
+        return TemplateFamily(name, split)
+    items = corpus.items[split]
+    if name == "code":
+        return ItemFamily("code", items, C.CODE_SHAPES if split == "train" else
+                          HELDOUT_CODE_SHAPES)
+    if name == "explain":
+        return ExplainFamily(items, corpus.terms[split])
+    if name == "multiturn":
+        bases = {k: make_family(k, split, corpus) for k in MULTITURN_BASES if k != "code"}
+        # code first turns: write or complete in training, complete (held-out code) otherwise
+        shapes = ({s: C.CODE_SHAPES[s] for s in (C.write, C.complete)} if split == "train"
+                  else HELDOUT_CODE_SHAPES)
+        bases["code"] = ItemFamily("code", items, shapes)
+        return MultiTurnFamily(bases, split)
+    raise ValueError(f"unknown family {name!r}")
 
 
 # ------------------------------------------------------------------------------ building
@@ -352,43 +357,63 @@ class BuildResult:
     seconds: float = 0.0
 
 
-def generate(families: dict, mix: dict[str, float], num: int, seed: str, guard: EvalGuard,
-             exclude: set[str] | None = None, magpie: int = 0,
-             progress: bool = True, desc: str = "prompts") -> BuildResult:
-    """``num`` unique records drawn family by family (a family that runs dry hands its
-    shortfall to the others), ``magpie`` self-generation lines among them, shuffled."""
+# What forked generation workers read (set just before the pool forks; copy-on-write, so the
+# code corpus is not pickled once per family).
+_SHARED: dict = {}
+
+
+def family_records(job: tuple[str, str, int, str]) -> tuple[list[dict], bool]:
+    """Worker: the first ``n`` unique records of one family for a split and seed (a prefix of
+    what a larger ``n`` gives), and whether the family ran dry before ``n``."""
+    name, split, n, seed = job
+    corpus, guard, exclude = _SHARED["corpus"], _SHARED["guard"], _SHARED["exclude"]
+    family, r = make_family(name, split, corpus), random.Random(f"{seed}:{name}")
+    seen, out, misses = set(), [], 0
+    while len(out) < n and misses < MAX_MISSES:
+        got = family.sample(r)
+        text = "\n".join(got[1]) if got else ""
+        key = S.text_key(text) if got else None
+        if got is None or key in seen or key in exclude or guard.hits(text):
+            misses += 1
+            continue
+        misses = 0
+        seen.add(key)
+        task, turns = got
+        rec = {"turns": turns} if len(turns) > 1 else {"prompt": turns[0]}
+        rec.update(source=name, task=task)
+        out.append(rec)
+    return out, len(out) < n
+
+
+def generate(split: str, corpus: CodeCorpus, mix: dict[str, float], num: int, seed: str,
+             guard: EvalGuard, exclude: set[str] | None = None, magpie: int = 0,
+             workers: int = 1, progress: bool = True, desc: str = "prompts") -> BuildResult:
+    """``num`` unique records, each family drawn in its own process; a family that runs dry
+    hands its shortfall to the others (which are then drawn again, further); ``magpie``
+    self-generation lines among them; shuffled."""
     t0 = time.monotonic()
-    exclude = exclude or set()
-    seen, out = set(), {f: [] for f in mix}
+    _SHARED.update(corpus=corpus, guard=guard, exclude=exclude or set())
     asked = counts_for(num - magpie, mix)
-    want = dict(asked)
-    exhausted: list[str] = []
+    want = {f: n for f, n in asked.items() if n > 0}
+    out, exhausted = {f: [] for f in mix}, []
     bar = tqdm(total=num, desc=desc, unit="prompt", disable=not progress)
-    rngs = {f: random.Random(f"{seed}:{f}") for f in mix}
-    while True:
-        for fam, n in want.items():
-            misses = 0
-            while len(out[fam]) < n and misses < MAX_MISSES:
-                got = families[fam].sample(rngs[fam])
-                key = S.text_key("\n".join(got[1])) if got else None
-                if got is None or key in seen or key in exclude or guard.hits("\n".join(got[1])):
-                    misses += 1
-                    continue
-                misses = 0
-                seen.add(key)
-                task, turns = got
-                rec = {"turns": turns} if len(turns) > 1 else {"prompt": turns[0]}
-                rec.update(source=fam, task=task)
-                out[fam].append(rec)
-                bar.update()
-            if len(out[fam]) < n and fam not in exhausted:
-                exhausted.append(fam)
-        short = num - magpie - sum(map(len, out.values()))
-        open_ = {f: mix[f] for f in mix if f not in exhausted and mix[f] > 0}
-        if short <= 0 or not open_:
-            break
-        extra = counts_for(short, open_)
-        want = {f: len(out[f]) + extra.get(f, 0) for f in open_}
+    forks = "fork" in mp.get_all_start_methods()  # workers must inherit _SHARED
+    with _pool(max(1, min(workers, len(want)))) if forks else contextlib.nullcontext() as pool:
+        while want:
+            jobs = [(f, split, n, seed) for f, n in want.items()]
+            results = pool.imap(family_records, jobs) if forks else map(family_records, jobs)
+            for (f, _, _, _), (records, dry) in zip(jobs, results):
+                bar.update(len(records) - len(out[f]))
+                out[f] = records
+                if dry and f not in exhausted:
+                    exhausted.append(f)
+            _drop_cross_family_duplicates(out, mix)
+            short = num - magpie - sum(map(len, out.values()))
+            open_ = {f: mix[f] for f in mix if f not in exhausted and mix[f] > 0}
+            if short <= 0 or not open_:
+                break
+            extra = counts_for(short, open_)
+            want = {f: len(out[f]) + extra[f] for f in open_ if extra[f] > 0}
     bar.update(magpie)
     bar.close()
     records = [r for f in mix for r in out[f]]
@@ -398,6 +423,19 @@ def generate(families: dict, mix: dict[str, float], num: int, seed: str, guard: 
     if magpie:
         counts["magpie"] = magpie
     return BuildResult(records, counts, asked, exhausted, time.monotonic() - t0)
+
+
+def _drop_cross_family_duplicates(out: dict[str, list[dict]], mix: dict) -> None:
+    """The same text from two families (rare) is kept in the first family only."""
+    seen = set()
+    for f in mix:
+        kept = []
+        for rec in out[f]:
+            key = S.text_key(text_of(rec))
+            if key not in seen:
+                seen.add(key)
+                kept.append(rec)
+        out[f] = kept
 
 
 def exclusion_keys(paths) -> tuple[set[str], set[str]]:
@@ -432,14 +470,15 @@ def build(num: int, seed: int = 0, mix: dict | None = None, magpie_share: float 
     excluded, excluded_code = exclusion_keys(exclude_files)
     corpus = (collect_code(sites, workers or os.cpu_count() or 1, guard, progress, std,
                            excluded_code) if needs_code else CodeCorpus())
-    train = generate(make_families("train", corpus), mix, num, f"train:{seed}", guard,
-                     exclude=excluded, magpie=round(num * magpie_share), progress=progress)
+    workers = workers or os.cpu_count() or 1
+    train = generate("train", corpus, mix, num, f"train:{seed}", guard, exclude=excluded,
+                     magpie=round(num * magpie_share), workers=workers, progress=progress)
     held = None
     if heldout_num > 0:
         train_keys = {S.text_key(text_of(r)) for r in train.records if "magpie" not in r}
-        held = generate(make_families("heldout", corpus), HELDOUT_MIX, heldout_num,
-                        f"heldout:{heldout_seed}", guard, exclude=train_keys,
-                        progress=progress, desc="held-out")
+        held = generate("heldout", corpus, HELDOUT_MIX, heldout_num, f"heldout:{heldout_seed}",
+                        guard, exclude=train_keys, workers=workers, progress=progress,
+                        desc="held-out")
     return train, held, corpus
 
 
