@@ -312,6 +312,8 @@ def test_unique_shuffled_and_mixed(built):
         assert abs(train.counts[fam] / got - share / sum(full.values())) < 0.005, fam
     multi = [r for r in train.records if r["source"] == "multiturn"]
     assert multi and all(2 <= len(r["turns"]) <= 3 for r in multi)
+    assert any(len(r["turns"]) == 3 for r in multi)
+    assert all(len(set(r["turns"])) == len(r["turns"]) for r in multi)
     shapes = {r["task"] for r in train.records if r["source"] == "code"}
     assert {"code.complete", "code.write", "code.explain_code", "code.find_bug"} <= shapes
     complete = next(r["prompt"] for r in train.records if r["task"] == "code.complete")
@@ -342,7 +344,7 @@ def test_heldout_is_disjoint_by_construction_and_text(planted, built):
             assert any(f"_{n}(" in r["prompt"] or f"Counter{n}:" in r["prompt"]
                        for n in range(60, 90))
         else:
-            assert len(r["turns"]) >= 2
+            assert len(r["turns"]) == 2  # as MT-Bench
     reserved = {name for fam in P.TEMPLATE_FAMILIES.values()
                 for name in P.reserved_names(t.name for t in fam)}
     assert 0 < len(reserved) < sum(map(len, P.TEMPLATE_FAMILIES.values())) / 4

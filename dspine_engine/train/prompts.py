@@ -308,10 +308,14 @@ class ExplainFamily(ItemFamily):
 
 
 class MultiTurnFamily:
+    """A first turn from a base family and one follow-up suited to it (in training, a second
+    follow-up in THIRD_TURN_SHARE of them; held-out conversations have two turns, as MT-Bench)."""
+
     def __init__(self, bases: dict, split: str):
         self.name, self.bases = "multiturn", bases
         self.followups = {g: _by_split(list(fs))[split] for g, fs in FOLLOWUPS.items()}
         self.weights = {k: w for k, w in MULTITURN_BASES.items() if k in bases}
+        self.third_turns = THIRD_TURN_SHARE if split == "train" else 0.0
 
     def sample(self, r: random.Random) -> tuple[str, list[str]] | None:
         if not self.weights:
@@ -321,9 +325,12 @@ class MultiTurnFamily:
         if got is None:
             return None
         task, turns = got
-        for _ in range(2 if r.random() < THIRD_TURN_SHARE else 1):
+        for _ in range(2 if r.random() < self.third_turns else 1):
             group = FOLLOWUP_GROUP.get(base, "any") if r.random() < 0.7 else "any"
-            turns = turns + [fill(r.choice(self.followups[group]), r)]
+            turn = fill(r.choice(self.followups[group]), r)
+            if turn in turns:  # the same follow-up twice: no
+                return None
+            turns = turns + [turn]
         return f"multiturn.{task}", turns
 
 
