@@ -336,6 +336,108 @@ def block_verify_ref(logits, draft_tokens, cand_ids, cand_probs, temperature, to
 
 
 # --------------------------------------------------------------------------------------------
+# Quantised GEMV / small-M GEMM on GGUF blocks (CPU only)
+# --------------------------------------------------------------------------------------------
+
+QUANT_TILE_ROWS = 16  # weight rows interleaved in one tile
+QUANT_BLOCK = 32  # GGUF block length along k
+QUANT_TILE_BLOCK_BYTES = {"q8_0": 544, "q4_1": 320}
+_QUANT_ISAS = ("scalar", "avx2", "avx512")
+
+
+def quant_matmul(x: torch.Tensor, weight: torch.Tensor, format: str,
+                 out_features: int) -> torch.Tensor:
+    """``x [..., K] @ W^T`` for fp32 x and a packed quantised weight ``W [out_features, K]``.
+
+    ``weight`` is uint8 ``[ceil(out_features/16), K/32, tile_bytes]``: GGUF blocks (q8_0:
+    ``d*q``; q4_1: ``d*q + m``; fp16 d, m) of 16 rows interleaved per tile (csrc/cpu/
+    quant_gemm.h gives the byte layout; ``quant_unpack_ref`` reads it). x is quantised per row
+    and block of 32 as ``quantize_acts_ref`` says; then, per output, with exact integer block
+    sums ``isum`` and fp32 multiplies and adds in exactly this order (no FMA):
+    ``acc = 0; for each block b: acc = acc + ((d_w * d_x) * isum + m_w * s_x)`` (q8_0 without
+    the ``m_w`` term). Every row's result is therefore bitwise independent of the other rows and
+    of the instruction set. CPU only."""
+    return _ops.quant_matmul(x, weight, format, out_features)
+
+
+def quant_embedding(ids: torch.Tensor, weight: torch.Tensor, format: str,
+                    num_rows: int) -> torch.Tensor:
+    """Dequantised rows ``ids`` (int64, any shape) of a packed table of ``num_rows`` rows:
+    ``[*ids.shape, K]`` fp32 with ``d*q`` (q8_0) or ``d*q + m`` (q4_1, rounded after the
+    multiply). CPU only."""
+    return _ops.quant_embedding(ids, weight, format, num_rows)
+
+
+def quant_isa() -> str:
+    """The instruction set the quantised kernels use now: "avx512" (with VNNI), "avx2" or
+    "scalar"; the best the CPU has, lowered by ``DSPINE_CPU_ISA`` (read at every call)."""
+    return _QUANT_ISAS[_ops.quant_isa()]
+
+
+def quant_unpack_ref(weight: torch.Tensor, format: str, rows: int):
+    """The integer values ``q [rows, K]`` (int32), scales ``d [rows, K/32]`` and, for q4_1, mins
+    ``m [rows, K/32]`` (fp32; None for q8_0) held by a packed table."""
+    tiles, nb, _ = weight.shape
+    t = QUANT_TILE_ROWS
+
+    def halves(lo, hi):  # fp16 [tiles, nb, 16] -> fp32 [rows, nb]
+        h = weight[..., lo:hi].contiguous().view(torch.float16).float()
+        return h.permute(0, 2, 1).reshape(tiles * t, nb)[:rows]
+
+    if format == "q4_1":
+        nibbles = weight[..., 64:320].reshape(tiles, nb, 4, t, 4).permute(0, 3, 1, 2, 4)
+        nibbles = nibbles.reshape(tiles, t, nb, 16).int()
+        q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # elements 0..15, then 16..31
+        return q.reshape(tiles * t, nb * QUANT_BLOCK)[:rows], halves(0, 32), halves(32, 64)
+    if format == "q8_0":
+        q = weight[..., 32:544].contiguous().view(torch.int8).reshape(tiles, nb, 8, t, 4)
+        q = q.permute(0, 3, 1, 2, 4).reshape(tiles * t, nb * QUANT_BLOCK).int()
+        return q[:rows], halves(0, 32), None
+    raise ValueError(f"unknown quantised format {format!r}")
+
+
+def quantize_acts_ref(x: torch.Tensor):
+    """Per-row, per-block int8 quantisation of fp32 ``x [M, K]``: ``d = amax/127`` (NaN for a
+    block holding a non-finite value, so it poisons every output), ``q = round_half_even(x *
+    (1/d))`` (0 when d = 0), ``s = d * sum(q)``. Returns ``q [M, K]`` int32, ``d, s [M, K/32]``."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // QUANT_BLOCK, QUANT_BLOCK)
+    finite = torch.isfinite(xb).all(-1)
+    d = torch.where(finite, xb.abs().amax(-1) / 127.0, torch.full_like(xb[..., 0], float("nan")))
+    inv = torch.where(finite & (d != 0), 1.0 / d, torch.zeros_like(d))
+    q = torch.where(finite[..., None], torch.round(xb * inv[..., None]), torch.zeros_like(xb))
+    s = d * q.sum(-1)
+    return q.int().reshape(m, k), d, s
+
+
+def quant_matmul_ref(x, weight, format, out_features):
+    q_w, d_w, m_w = quant_unpack_ref(weight, format, out_features)
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    q_x, d_x, s_x = quantize_acts_ref(x2)
+    nb = k // QUANT_BLOCK
+    # Block sums of int8 x int4/int8 products are exact in float64 (|isum| < 2^24 as well).
+    isum = torch.einsum("mbk,nbk->mnb", q_x.reshape(-1, nb, QUANT_BLOCK).double(),
+                        q_w.reshape(-1, nb, QUANT_BLOCK).double()).float()
+    acc = torch.zeros(x2.shape[0], out_features)
+    for b in range(nb):
+        part = (d_w[None, :, b] * d_x[:, None, b]) * isum[:, :, b]
+        if m_w is not None:
+            part = part + m_w[None, :, b] * s_x[:, None, b]
+        acc = acc + part
+    return acc.reshape(*x.shape[:-1], out_features)
+
+
+def quant_embedding_ref(ids, weight, format, num_rows):
+    q, d, m = quant_unpack_ref(weight, format, num_rows)
+    rows = q[ids.reshape(-1)].float().reshape(-1, d.shape[1], QUANT_BLOCK)
+    values = d[ids.reshape(-1)][..., None] * rows
+    if m is not None:
+        values = values + m[ids.reshape(-1)][..., None]
+    return values.reshape(*ids.shape, -1)
+
+
+# --------------------------------------------------------------------------------------------
 # Fake (meta) kernels so the ops trace under torch.compile
 # --------------------------------------------------------------------------------------------
 
@@ -379,6 +481,14 @@ def _register_fakes() -> None:
         b, t = logits.shape[:2]
         return (logits.new_empty(b, dtype=torch.int32), logits.new_empty(b, t, dtype=torch.long),
                 logits.new_empty(b, dtype=torch.int32))
+
+    @reg(lib + "quant_matmul")
+    def _(x, weight, format, out_features):
+        return x.new_empty(*x.shape[:-1], out_features)
+
+    @reg(lib + "quant_embedding")
+    def _(ids, weight, format, num_rows):
+        return ids.new_empty(*ids.shape, weight.shape[1] * QUANT_BLOCK, dtype=torch.float32)
 
 
 _register_fakes()

@@ -1,0 +1,421 @@
+// Kernels of quant_gemm.h: a scalar, an AVX2 and an AVX-512 VNNI version of every tile kernel,
+// chosen at run time (the library is built once and must run on CPUs without AVX-512).
+//
+// All versions compute each output with the same operations in the same order (see the header),
+// so contracting a multiply and an add into an FMA would break the bitwise contract: this file
+// is compiled without floating-point contraction.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+// GCC 12 flags its own AVX-512 conversion intrinsics (an undefined placeholder operand).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "quant_gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+namespace dspine {
+namespace cpu {
+namespace quant {
+
+namespace {
+
+constexpr int kRowGroup = 4;  // activation rows that share one pass over a weight tile
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalise it
+    int e = -1;
+    do {
+      mant <<= 1;
+      ++e;
+    } while (!(mant & 0x400u));
+    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Activations of one call, quantised per row and block of 32.
+struct QuantActs {
+  int64_t nb = 0;
+  std::vector<int8_t> q;  // [m, k]
+  std::vector<float> d;   // [m, nb]: amax / 127 (NaN when the block holds a non-finite value)
+  std::vector<float> s;   // [m, nb]: d * sum(q)
+};
+
+void quantize_block(const float* x, int8_t* q, float* d, float* s) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int e = 0; e < kBlock; ++e) {
+    finite = finite && std::isfinite(x[e]);
+    amax = std::max(amax, std::fabs(x[e]));
+  }
+  const float dx = finite ? amax / 127.0f : NAN;
+  const float id = (finite && dx != 0.f) ? 1.0f / dx : 0.f;
+  int32_t sum = 0;
+  for (int e = 0; e < kBlock; ++e) {
+    const int32_t qi = finite ? static_cast<int32_t>(std::nearbyint(x[e] * id)) : 0;  // ties to even
+    q[e] = static_cast<int8_t>(qi);
+    sum += qi;
+  }
+  *d = dx;
+  *s = dx * static_cast<float>(sum);
+}
+
+QuantActs quantize_acts(const float* x, int64_t m, int64_t k) {
+  QuantActs a;
+  a.nb = k / kBlock;
+  a.q.resize(static_cast<size_t>(m * k));
+  a.d.resize(static_cast<size_t>(m * a.nb));
+  a.s.resize(static_cast<size_t>(m * a.nb));
+  const int64_t blocks = m * a.nb;
+#pragma omp parallel for schedule(static) if (blocks >= 1024)
+  for (int64_t i = 0; i < blocks; ++i)
+    quantize_block(x + i * kBlock, a.q.data() + i * kBlock, a.d.data() + i, a.s.data() + i);
+  return a;
+}
+
+// Arguments of one tile kernel call: `rows` activation rows against one 16-row weight tile.
+struct TileArgs {
+  const uint8_t* w;  // the tile: nb tile-blocks
+  int64_t nb, k;
+  const int8_t* xq;  // first row's quantised activations (row stride k)
+  const float* xd;   // first row's block scales (row stride nb)
+  const float* xs;
+  float* out;        // rows x 16 outputs, row stride ldo
+  int64_t ldo;
+};
+
+// ---------------------------------------------------------------------------- scalar
+
+int32_t isum_scalar(Format f, const uint8_t* blk, int n, const int8_t* x) {
+  int32_t isum = 0;
+  if (f == kQ4_1) {
+    for (int p = 0; p < 4; ++p)
+      for (int t = 0; t < 4; ++t) {
+        const uint8_t byte = blk[64 + 64 * p + 4 * n + t];
+        isum += (byte & 0x0f) * x[4 * p + t] + (byte >> 4) * x[16 + 4 * p + t];
+      }
+  } else {
+    for (int j = 0; j < 8; ++j)
+      for (int t = 0; t < 4; ++t)
+        isum += static_cast<int8_t>(blk[32 + 64 * j + 4 * n + t]) * x[4 * j + t];
+  }
+  return isum;
+}
+
+void tile_scalar(Format f, int rows, const TileArgs& a) {
+  const int64_t bytes = tile_block_bytes(f);
+  for (int r = 0; r < rows; ++r)
+    for (int n = 0; n < kTileRows; ++n) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < a.nb; ++b) {
+        const uint8_t* blk = a.w + b * bytes;
+        const float isum = static_cast<float>(isum_scalar(f, blk, n, a.xq + r * a.k + b * kBlock));
+        const float dw = half_to_float(blk + 2 * n);
+        float part = (dw * a.xd[r * a.nb + b]) * isum;
+        if (f == kQ4_1) part = part + half_to_float(blk + 32 + 2 * n) * a.xs[r * a.nb + b];
+        acc = acc + part;
+      }
+      a.out[r * a.ldo + n] = acc;
+    }
+}
+
+// ---------------------------------------------------------------------------- AVX2
+// One ymm holds 8 outputs: each 32-bit lane gathers 4 consecutive k of one output row, so a
+// broadcast of 4 activation bytes feeds all 8 rows at once (maddubs: u8 x s8 pairs -> s16).
+
+#define DSPINE_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+template <int R>
+DSPINE_AVX2 void q4_1_avx2(const TileArgs& a) {
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const uint8_t* blk = a.w + b * 320;
+      const int8_t* xb = a.xq + b * kBlock;
+      // 8 maddubs per lane add at most 8 * 2 * 15 * 127 = 30480: s16 cannot overflow.
+      __m256i s16[R];
+      for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+      for (int p = 0; p < 4; ++p) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 + 64 * p + 32 * h));
+        const __m256i lo = _mm256_and_si256(w, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xr = xb + r * a.k;
+          s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xr + 4 * p))));
+          s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xr + 16 + 4 * p))));
+        }
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+      const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r], ones));
+        const __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.xd[r * a.nb + b])), isum);
+        const __m256 u = _mm256_mul_ps(mw, _mm256_set1_ps(a.xs[r * a.nb + b]));
+        acc[r] = _mm256_add_ps(acc[r], _mm256_add_ps(t, u));
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + 8 * h, acc[r]);
+  }
+}
+
+template <int R>
+DSPINE_AVX2 void q8_0_avx2(const TileArgs& a) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const uint8_t* blk = a.w + b * 544;
+      const int8_t* xb = a.xq + b * kBlock;
+      __m256i s32[R];
+      for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        // s8 x s8 through maddubs: |w| (unsigned) times x carrying w's sign; a pair adds at
+        // most 2 * 128 * 127 < 32768, so the s16 step cannot saturate.
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 64 * j + 32 * h));
+        const __m256i aw = _mm256_abs_epi8(w);
+        for (int r = 0; r < R; ++r) {
+          const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb + r * a.k + 4 * j)), w);
+          s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones));
+        }
+      }
+      const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
+      for (int r = 0; r < R; ++r) {
+        const __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.xd[r * a.nb + b])),
+                                       _mm256_cvtepi32_ps(s32[r]));
+        acc[r] = _mm256_add_ps(acc[r], t);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + 8 * h, acc[r]);
+  }
+}
+
+// ---------------------------------------------------------------------------- AVX-512 VNNI
+// One zmm holds the 16 outputs of a tile; vpdpbusd does u8 x s8 4-way dot products into s32.
+
+#define DSPINE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+template <int R>
+DSPINE_AVX512 void q4_1_avx512(const TileArgs& a) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = a.w + b * 320;
+    const int8_t* xb = a.xq + b * kBlock;
+    __m512i s32[R];
+    for (int r = 0; r < R; ++r) s32[r] = _mm512_setzero_si512();
+    for (int p = 0; p < 4; ++p) {
+      const __m512i w = _mm512_loadu_si512(blk + 64 + 64 * p);
+      const __m512i lo = _mm512_and_si512(w, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = xb + r * a.k;
+        s32[r] = _mm512_dpbusd_epi32(s32[r], lo, _mm512_set1_epi32(load_i32(xr + 4 * p)));
+        s32[r] = _mm512_dpbusd_epi32(s32[r], hi, _mm512_set1_epi32(load_i32(xr + 16 + 4 * p)));
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a.xd[r * a.nb + b])),
+                                     _mm512_cvtepi32_ps(s32[r]));
+      const __m512 u = _mm512_mul_ps(mw, _mm512_set1_ps(a.xs[r * a.nb + b]));
+      acc[r] = _mm512_add_ps(acc[r], _mm512_add_ps(t, u));
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
+}
+
+template <int R>
+DSPINE_AVX512 void q8_0_avx512(const TileArgs& a) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = a.w + b * 544;
+    const int8_t* xb = a.xq + b * kBlock;
+    __m512i s32[R];
+    for (int r = 0; r < R; ++r) s32[r] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      // s8 x s8 as |w| (u8) times x negated where w < 0; |-128| reads as 128 unsigned.
+      const __m512i w = _mm512_loadu_si512(blk + 32 + 64 * j);
+      const __m512i aw = _mm512_abs_epi8(w);
+      const __mmask64 negative = _mm512_movepi8_mask(w);
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = _mm512_set1_epi32(load_i32(xb + r * a.k + 4 * j));
+        s32[r] = _mm512_dpbusd_epi32(s32[r], aw, _mm512_mask_sub_epi8(x, negative, zero, x));
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    for (int r = 0; r < R; ++r) {
+      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a.xd[r * a.nb + b])),
+                                     _mm512_cvtepi32_ps(s32[r]));
+      acc[r] = _mm512_add_ps(acc[r], t);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
+}
+
+// ---------------------------------------------------------------------------- dispatch
+
+using TileKernel = void (*)(const TileArgs&);
+
+#define DSPINE_ROWS_TABLE(fn) {&fn<1>, &fn<2>, &fn<3>, &fn<4>}
+
+TileKernel simd_kernel(Isa isa, Format f, int rows) {
+  static const TileKernel q4_avx2[kRowGroup] = DSPINE_ROWS_TABLE(q4_1_avx2);
+  static const TileKernel q8_avx2[kRowGroup] = DSPINE_ROWS_TABLE(q8_0_avx2);
+  static const TileKernel q4_avx512[kRowGroup] = DSPINE_ROWS_TABLE(q4_1_avx512);
+  static const TileKernel q8_avx512[kRowGroup] = DSPINE_ROWS_TABLE(q8_0_avx512);
+  if (isa == Isa::kAvx512Vnni) return (f == kQ4_1 ? q4_avx512 : q8_avx512)[rows - 1];
+  return (f == kQ4_1 ? q4_avx2 : q8_avx2)[rows - 1];
+}
+
+void run_tile(Isa isa, Format f, int rows, const TileArgs& a) {
+  if (isa == Isa::kScalar)
+    tile_scalar(f, rows, a);
+  else
+    simd_kernel(isa, f, rows)(a);
+}
+
+void run_tiles(Isa isa, Format f, const uint8_t* w, int64_t g0, int64_t g1, const QuantActs& acts,
+               int64_t m, int64_t k, int64_t n, float* y) {
+  const int64_t tile_bytes = acts.nb * tile_block_bytes(f);
+  float partial[kRowGroup * kTileRows];
+  for (int64_t g = g0; g < g1; ++g) {
+    const int64_t cols = std::min<int64_t>(kTileRows, n - g * kTileRows);
+    for (int64_t r0 = 0; r0 < m; r0 += kRowGroup) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRowGroup, m - r0));
+      const bool direct = cols == kTileRows;  // a padded last tile goes through `partial`
+      TileArgs a{w + g * tile_bytes, acts.nb, k, acts.q.data() + r0 * k, acts.d.data() + r0 * acts.nb,
+                 acts.s.data() + r0 * acts.nb, direct ? y + r0 * n + g * kTileRows : partial,
+                 direct ? n : kTileRows};
+      run_tile(isa, f, rows, a);
+      if (!direct)
+        for (int r = 0; r < rows; ++r)
+          std::memcpy(y + (r0 + r) * n + g * kTileRows, partial + r * kTileRows, cols * sizeof(float));
+    }
+  }
+}
+
+Isa detect_isa() {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
+    return Isa::kAvx512Vnni;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+  return Isa::kScalar;
+}
+
+}  // namespace
+
+Isa best_isa() {
+  static const Isa best = detect_isa();
+  return best;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512Vnni: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    default: return "scalar";
+  }
+}
+
+bool isa_from_name(const char* name, Isa* isa) {
+  for (Isa candidate : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni})
+    if (std::strcmp(name, isa_name(candidate)) == 0) {
+      *isa = candidate;
+      return true;
+    }
+  return false;
+}
+
+Isa active_isa() {
+  const char* env = std::getenv("DSPINE_CPU_ISA");
+  Isa asked;
+  if (env == nullptr || !*env || !isa_from_name(env, &asked)) return best_isa();
+  return std::min(asked, best_isa());
+}
+
+void quant_matmul(const float* x, int64_t m, int64_t k, const uint8_t* w, Format f, int64_t n,
+                  float* y) {
+  if (m == 0 || n == 0) return;
+  const QuantActs acts = quantize_acts(x, m, k);
+  const Isa isa = active_isa();
+  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+#if defined(_OPENMP)
+  const int64_t chunks = std::min<int64_t>(tiles, omp_get_max_threads());
+#else
+  const int64_t chunks = 1;
+#endif
+  // Threads split the outputs, never k: an output's reduction order does not depend on them.
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c)
+    run_tiles(isa, f, w, c * tiles / chunks, (c + 1) * tiles / chunks, acts, m, k, n, y);
+}
+
+void quant_rows(const int64_t* ids, int64_t count, const uint8_t* w, Format f, int64_t k,
+                float* out) {
+  const int64_t nb = k / kBlock, bytes = tile_block_bytes(f);
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t g = ids[i] / kTileRows;
+    const int n = static_cast<int>(ids[i] % kTileRows);
+    float* o = out + i * k;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + (g * nb + b) * bytes;
+      const float d = half_to_float(blk + 2 * n);
+      if (f == kQ4_1) {
+        const float mn = half_to_float(blk + 32 + 2 * n);
+        for (int e = 0; e < 16; ++e) {
+          const uint8_t byte = blk[64 + 64 * (e / 4) + 4 * n + e % 4];
+          o[b * kBlock + e] = d * static_cast<float>(byte & 0x0f) + mn;
+          o[b * kBlock + 16 + e] = d * static_cast<float>(byte >> 4) + mn;
+        }
+      } else {
+        for (int e = 0; e < kBlock; ++e)
+          o[b * kBlock + e] = d * static_cast<float>(static_cast<int8_t>(blk[32 + 64 * (e / 4) + 4 * n + e % 4]));
+      }
+    }
+  }
+}
+
+}  // namespace quant
+}  // namespace cpu
+}  // namespace dspine

@@ -1,0 +1,163 @@
+"""The quantised CPU kernels (GGUF Q4_1 / Q8_0 blocks) against their PyTorch references.
+
+The references define every rounding step, so kernels must match them bitwise, in every
+instruction set this CPU has, and a row's result must not depend on the rows beside it (what
+keeps greedy speculative decoding token-identical to plain decoding on the CPU).
+"""
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from dspine_engine import ops
+from dspine_engine.models.quant_dense import (FORMATS, pack_gguf_blocks, quant_weight_from_blocks,
+                                              quantize_blocks, quantize_weight)
+
+ISAS = ops._QUANT_ISAS[: ops._QUANT_ISAS.index(ops.quant_isa()) + 1]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    monkeypatch.setenv("DSPINE_CPU_ISA", request.param)
+    assert ops.quant_isa() == request.param
+    return request.param
+
+
+def random_weight(fmt, rows, cols, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return quantize_weight(torch.randn(rows, cols, generator=g) * 0.1, fmt)
+
+
+def poisoned_matmul(x, qw):
+    # Leave NaN in freshly freed memory of the output's size first, so unwritten outputs show.
+    torch.full((x.shape[0], qw.rows), float("nan"))
+    return qw(x)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("m,rows,cols", [(1, 16, 32), (1, 40, 96), (3, 33, 64), (5, 17, 576),
+                                         (16, 960, 576), (37, 80, 1536)])
+def test_matmul_matches_reference_bitwise(fmt, m, rows, cols, isa):
+    qw = random_weight(fmt, rows, cols, seed=m)
+    x = torch.randn(m, cols) * 3
+    y = poisoned_matmul(x, qw)
+    ref = ops.quant_matmul_ref(x, qw.data, fmt, rows)
+    assert torch.isfinite(ref).all()
+    assert torch.equal(y, ref)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rows_are_independent_of_the_batch(fmt, isa):
+    """Decode (1 row), verify (16) and prefill (odd, large) give each row the same bits."""
+    qw = random_weight(fmt, 200, 576, seed=1)
+    x = torch.randn(41, 576)
+    all_rows = qw(x)
+    block = qw(x[:16])
+    for i in range(16):
+        assert torch.equal(qw(x[i:i + 1])[0], all_rows[i])
+        assert torch.equal(block[i], all_rows[i])
+    order = torch.randperm(41)
+    assert torch.equal(qw(x[order]), all_rows[order])
+    assert torch.equal(qw(x.view(41, 1, 576)).view(41, -1), all_rows)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_instruction_sets_agree(fmt, monkeypatch):
+    qw = random_weight(fmt, 96, 1536, seed=2)
+    x = torch.randn(7, 1536)
+    results = []
+    for name in ISAS:
+        monkeypatch.setenv("DSPINE_CPU_ISA", name)
+        results.append(qw(x))
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_input_poisons_its_row_only(fmt, bad, isa):
+    qw = random_weight(fmt, 48, 96, seed=3)
+    x = torch.randn(4, 96)
+    clean = qw(x)
+    x[2, 50] = bad
+    y = qw(x)
+    assert torch.isnan(y[2]).all()
+    assert torch.equal(y[[0, 1, 3]], clean[[0, 1, 3]])
+    assert torch.equal(torch.isnan(ops.quant_matmul_ref(x, qw.data, fmt, 48)), torch.isnan(y))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_close_to_the_dequantised_matmul(fmt):
+    """Quantising activations per block to int8 costs little against fp32 on the same blocks."""
+    qw = random_weight(fmt, 256, 576, seed=4)
+    x = torch.randn(8, 576)
+    exact = x.double() @ qw.dequantize().double().T
+    err = (qw(x).double() - exact).norm() / exact.norm()
+    assert err < 1e-2
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_embedding_lookup(fmt):
+    qw = random_weight(fmt, 50, 96, seed=5)
+    ids = torch.tensor([[0, 49, 17], [16, 15, 3]])
+    rows = qw.lookup(ids)
+    assert rows.shape == (2, 3, 96)
+    assert torch.equal(rows, ops.quant_embedding_ref(ids, qw.data, fmt, 50))
+    with pytest.raises(RuntimeError, match="outside"):
+        qw.lookup(torch.tensor([50]))
+    with pytest.raises(RuntimeError, match="outside"):
+        qw.lookup(torch.tensor([-1]))
+
+
+@pytest.mark.parametrize("fmt,qtype", [("q8_0", gguf.GGMLQuantizationType.Q8_0),
+                                       ("q4_1", gguf.GGMLQuantizationType.Q4_1)])
+def test_packed_gguf_blocks_decode_like_gguf(fmt, qtype):
+    """Blocks quantised by the gguf package, packed, read back exactly as gguf dequantises."""
+    w = np.random.default_rng(6).standard_normal((37, 128)).astype(np.float32)
+    blocks = gguf.quants.quantize(w, qtype)
+    qw = quant_weight_from_blocks(blocks, fmt)
+    expected = torch.from_numpy(gguf.quants.dequantize(blocks, qtype).astype(np.float32))
+    assert torch.equal(qw.dequantize(), expected)
+    ours = quantize_blocks(torch.from_numpy(w), fmt)
+    assert ours.shape == blocks.shape
+
+
+def test_bad_arguments_are_clear_errors(monkeypatch):
+    qw = random_weight("q4_1", 32, 64)
+    with pytest.raises(RuntimeError, match="fp32"):
+        qw(torch.randn(2, 64, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="does not hold"):
+        qw(torch.randn(2, 96))
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.quant_matmul(torch.randn(2, 40), qw.data, "q4_1", 32)
+    with pytest.raises(RuntimeError, match="unknown weight format"):
+        ops.quant_matmul(torch.randn(2, 64), qw.data, "q5_k", 32)
+    with pytest.raises(RuntimeError, match="does not hold"):
+        ops.quant_matmul(torch.randn(2, 64), qw.data, "q8_0", 32)
+    with pytest.raises(RuntimeError, match="does not hold"):
+        ops.quant_matmul(torch.randn(2, 64), qw.data, "q4_1", 33)
+    with pytest.raises(ValueError, match="whole blocks"):
+        pack_gguf_blocks(np.zeros((4, 30), np.uint8), "q4_1")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_weight(torch.randn(4, 40), "q8_0")
+    monkeypatch.setenv("DSPINE_CPU_ISA", "sse9")
+    with pytest.raises(RuntimeError, match="DSPINE_CPU_ISA"):
+        qw(torch.randn(1, 64))
+
+
+def test_empty_batches():
+    qw = random_weight("q8_0", 32, 64)
+    assert qw(torch.randn(0, 64)).shape == (0, 32)
+    assert qw.lookup(torch.zeros(0, dtype=torch.long)).shape == (0, 64)
+
+
+def test_fake_kernels_give_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    qw = random_weight("q4_1", 40, 64)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        x = mode.from_tensor(torch.randn(3, 5, 64))
+        data = mode.from_tensor(qw.data)
+        assert ops.quant_matmul(x, data, "q4_1", 40).shape == (3, 5, 40)
+        ids = mode.from_tensor(torch.zeros(2, 7, dtype=torch.long))
+        out = ops.quant_embedding(ids, data, "q4_1", 40)
+        assert out.shape == (2, 7, 64) and out.dtype == torch.float32
