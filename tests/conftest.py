@@ -36,3 +36,11 @@ def smollm2_engine(smollm2_dir):
     from dspine_engine import Engine
 
     return Engine(smollm2_dir, progress=False, max_num_seqs=32)
+
+
+@pytest.fixture(scope="session")
+def smollm2_quant_engine():
+    """The default model on its own GGUF blocks (Q4_1 layers, Q8_0 tied embedding/lm_head)."""
+    from dspine_engine import Engine
+
+    return Engine(None, device="cpu", dtype="gguf", progress=False, max_num_seqs=32)

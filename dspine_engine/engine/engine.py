@@ -88,17 +88,24 @@ class Engine:
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
 
-        ``kv_cache_tokens`` sizes the target's KV pool (default: 32K tokens on the CPU, half of
-        the free GPU memory on CUDA); requests that can never fit are refused with an error."""
-        from ..models.default_model import resolve_model_path
+        ``dtype`` "auto" (None) runs a GGUF target (the default model included) on the CPU on its
+        own quantised blocks ("gguf", models/gguf_target.py); "float32" / "bfloat16" load the
+        dequantised weights instead. ``kv_cache_tokens`` sizes the target's KV pool (default:
+        32K tokens on the CPU, half of the free GPU memory on CUDA); requests that can never fit
+        are refused with an error."""
+        from ..models.default_model import gguf_source, resolve_model_path
         from ..models.drafters import resolve_draft_path
+        from ..models.gguf_target import load_gguf_target, use_quantized
 
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        gguf_path = gguf_source(target, progress)
+        self.quantized = use_quantized(dtype, self.device, gguf_path)
+        self.dtype = torch.float32 if self.quantized else resolve_dtype(dtype, self.device)
         target_dir = resolve_model_path(target)
         self.model_dir = Path(target_dir)
         self.tokenizer = Tokenizer(target_dir)
-        self.target = TargetModel.load(target_dir, self.device, self.dtype, progress=progress)
+        self.target = (load_gguf_target(gguf_path, progress) if self.quantized else
+                       TargetModel.load(target_dir, self.device, self.dtype, progress=progress))
         cfg: TargetConfig = self.target.config
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)

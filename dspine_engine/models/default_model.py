@@ -93,6 +93,14 @@ def resolve_model_path(spec, dtype=torch.float32, progress: bool = True) -> Path
         "`huggingface-cli download ORG/NAME --local-dir DIR`) and pass DIR.")
 
 
+def gguf_source(spec, progress: bool = True) -> Path | None:
+    """The GGUF file a model spec names (the default model's, or a `.gguf` path), else None."""
+    if spec in _DEFAULT_SPECS or (isinstance(spec, str) and spec.lower() in _DEFAULT_SPECS):
+        return default_gguf_path(progress)
+    path = Path(spec).expanduser()
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
+
+
 # --------------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from .attention_meta import AttnMeta
 from .config import ModelConfigError
 from .dense import Dense
 from .draft_config import DraftConfig
+from .quant_dense import embedding_rows, table_times
 from .weights import WeightStore, checkpoint_files, save_checkpoint
 
 
@@ -153,7 +154,7 @@ class DSpineDraft(nn.Module):
         device (fused where they share an input), the RoPE table and the transition tables."""
         c = self.config
         c.check_target(target_config)
-        dtype, device = lm_head.dtype, lm_head.device
+        dtype, device = lm_head.dtype, lm_head.device  # (a QuantWeight table computes in fp32)
         cast = lambda *ws: torch.cat([w.to(dtype) for w in ws]).contiguous()  # noqa: E731
         with torch.no_grad():
             b = {"embed": embed, "lm_head": lm_head,
@@ -176,10 +177,10 @@ class DSpineDraft(nn.Module):
                               for l in self.layers]
             if c.transition:
                 b["g"] = Dense(cast(self.transition.hidden_proj.weight))
-                b["pred_table"] = (lm_head @ self.transition.pred.weight.to(dtype).T).contiguous()
-                b["succ_table"] = (lm_head @ self.transition.succ.weight.to(dtype).T).contiguous()
+                b["pred_table"] = table_times(lm_head, self.transition.pred.weight.to(dtype).T)
+                b["succ_table"] = table_times(lm_head, self.transition.succ.weight.to(dtype).T)
             b["mask_row"] = (self.mask_embedding.to(dtype) if self.mask_embedding is not None
-                             else embed[c.mask_token_id])
+                             else embedding_rows(embed, torch.tensor([c.mask_token_id]))[0])
         self._bound = b
 
     @property
@@ -241,7 +242,7 @@ class DSpineDraft(nn.Module):
         c, bd = self.config, self.bound
         bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
         hidden = bd["mask_row"].expand(bsz, blk, h).clone()
-        hidden[:, 0] = F.embedding(anchors, bd["embed"])
+        hidden[:, 0] = embedding_rows(bd["embed"], anchors)
         hidden = hidden.view(bsz * blk, h)
         ctx = self.context(ctx_taps)
         kv_positions = torch.cat([ctx_positions, meta.positions])
@@ -270,7 +271,7 @@ class DSpineDraft(nn.Module):
         bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
         hn = ops.rms_norm(hidden, inj.norm.weight, c.rms_norm_eps)
         f = bd["inj_pred"][i](hn).view(bsz, blk, h)
-        f[:, 0] = F.embedding(anchors, bd["lm_head"])  # the anchor's feature is exact
+        f[:, 0] = embedding_rows(bd["lm_head"], anchors)  # the anchor's feature is exact
         gate_h = bd["inj_gate_h"][i](hn).view(bsz, blk, h)
         fproj = bd["inj_f"][i](f)
         return ops.fused_injection(hidden.view(bsz, blk, h), gate_h, fproj).view(bsz * blk, h)

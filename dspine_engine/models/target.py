@@ -18,31 +18,35 @@ from .. import ops
 from .attention_meta import AttnMeta
 from .config import ModelConfigError, TargetConfig
 from .dense import Dense
+from .quant_dense import QuantWeight, embedding_rows
 from .weights import WeightStore, checkpoint_files
 
 
 @dataclass
 class TargetLayer:
     in_norm: torch.Tensor
-    qkv: Dense  # q | k | v projections fused (with the Qwen2 bias)
+    qkv: Dense | QuantWeight  # q | k | v projections fused (with the Qwen2 bias)
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: Dense
+    o: Dense | QuantWeight
     post_norm: torch.Tensor
-    gate_up: Dense  # gate | up fused
-    down: Dense
+    gate_up: Dense | QuantWeight  # gate | up fused
+    down: Dense | QuantWeight
     window: int
 
 
 class TargetModel:
-    def __init__(self, config: TargetConfig, embed: torch.Tensor, layers: list[TargetLayer],
-                 norm: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(self, config: TargetConfig, embed, layers: list[TargetLayer],
+                 norm: torch.Tensor, lm_head):
+        """``embed`` and ``lm_head`` are tensors, or `QuantWeight` tables for a quantised target
+        (models/gguf_target.py)."""
         self.config = config
         self.embed = embed
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head  # E_out [V, H] (the embedding itself when tied)
-        self.lm_head_dense = Dense(lm_head)
+        self.lm_head_dense = lm_head if isinstance(lm_head, QuantWeight) else Dense(lm_head)
+        self.quantized = isinstance(lm_head, QuantWeight)
         self.device = embed.device
         self.dtype = embed.dtype
         self.cos_sin = ops.rope_cos_sin(config.head_dim, config.max_position_embeddings,
@@ -112,7 +116,7 @@ class TargetModel:
         concatenates the outputs of the requested layers (the draft's context), or is None."""
         cfg = self.config
         n = tokens.shape[0]
-        hidden = F.embedding(tokens, self.embed)
+        hidden = embedding_rows(self.embed, tokens)
         residual = None
         taps: dict[int, torch.Tensor] = {}
         if any(not 0 <= t < cfg.num_layers for t in tap_layers):
