@@ -159,67 +159,80 @@ void tile_scalar(Format f, int rows, const TileArgs& a) {
 template <int R>
 DSPINE_AVX2 void q4_1_avx2(const TileArgs& a) {
   const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* blk = a.w + b * 320;
-      const int8_t* xb = a.xq + b * kBlock;
-      // 8 maddubs per lane add at most 8 * 2 * 15 * 127 = 30480: s16 cannot overflow.
-      __m256i s16[R];
-      for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
-      for (int p = 0; p < 4; ++p) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 + 64 * p + 32 * h));
-        const __m256i lo = _mm256_and_si256(w, low);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* xr = xb + r * a.k;
-          s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(load_i32(xr + 4 * p))));
-          s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load_i32(xr + 16 + 4 * p))));
-        }
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = a.w + b * 320;
+    const int8_t* xb = a.xq + b * kBlock;
+    // 8 maddubs per lane add at most 8 * 2 * 15 * 127 = 30480: s16 cannot overflow.
+    __m256i s16[R][2];
+    for (int r = 0; r < R; ++r) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 + 64 * p));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 96 + 64 * p));
+      const __m256i lo0 = _mm256_and_si256(w0, low), hi0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), low);
+      const __m256i lo1 = _mm256_and_si256(w1, low), hi1 = _mm256_and_si256(_mm256_srli_epi16(w1, 4), low);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = xb + r * a.k;
+        const __m256i xl = _mm256_set1_epi32(load_i32(xr + 4 * p));
+        const __m256i xh = _mm256_set1_epi32(load_i32(xr + 16 + 4 * p));
+        s16[r][0] = _mm256_add_epi16(s16[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(lo0, xl),
+                                                                 _mm256_maddubs_epi16(hi0, xh)));
+        s16[r][1] = _mm256_add_epi16(s16[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(lo1, xl),
+                                                                 _mm256_maddubs_epi16(hi1, xh)));
       }
+    }
+    for (int h = 0; h < 2; ++h) {
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
       const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32 + 16 * h)));
       for (int r = 0; r < R; ++r) {
-        const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r], ones));
+        const __m256 isum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[r][h], ones));
         const __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.xd[r * a.nb + b])), isum);
         const __m256 u = _mm256_mul_ps(mw, _mm256_set1_ps(a.xs[r * a.nb + b]));
-        acc[r] = _mm256_add_ps(acc[r], _mm256_add_ps(t, u));
+        acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_add_ps(t, u));
       }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + 8 * h, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(a.out + r * a.ldo, acc[r][0]);
+    _mm256_storeu_ps(a.out + r * a.ldo + 8, acc[r][1]);
   }
 }
 
 template <int R>
 DSPINE_AVX2 void q8_0_avx2(const TileArgs& a) {
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int h = 0; h < 2; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* blk = a.w + b * 544;
-      const int8_t* xb = a.xq + b * kBlock;
-      __m256i s32[R];
-      for (int r = 0; r < R; ++r) s32[r] = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j) {
-        // s8 x s8 through maddubs: |w| (unsigned) times x carrying w's sign; a pair adds at
-        // most 2 * 128 * 127 < 32768, so the s16 step cannot saturate.
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 64 * j + 32 * h));
-        const __m256i aw = _mm256_abs_epi8(w);
-        for (int r = 0; r < R; ++r) {
-          const __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(xb + r * a.k + 4 * j)), w);
-          s32[r] = _mm256_add_epi32(s32[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones));
-        }
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = a.w + b * 544;
+    const int8_t* xb = a.xq + b * kBlock;
+    __m256i s32[R][2];
+    for (int r = 0; r < R; ++r) s32[r][0] = s32[r][1] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      // s8 x s8 through maddubs: |w| (unsigned) times x carrying w's sign; a pair adds at
+      // most 2 * 128 * 127 < 32768, so the s16 step cannot saturate.
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32 + 64 * j));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 + 64 * j));
+      const __m256i aw0 = _mm256_abs_epi8(w0), aw1 = _mm256_abs_epi8(w1);
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_set1_epi32(load_i32(xb + r * a.k + 4 * j));
+        s32[r][0] = _mm256_add_epi32(s32[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(aw0, _mm256_sign_epi8(x, w0)), ones));
+        s32[r][1] = _mm256_add_epi32(s32[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(aw1, _mm256_sign_epi8(x, w1)), ones));
       }
+    }
+    for (int h = 0; h < 2; ++h) {
       const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16 * h)));
       for (int r = 0; r < R; ++r) {
         const __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw, _mm256_set1_ps(a.xd[r * a.nb + b])),
-                                       _mm256_cvtepi32_ps(s32[r]));
-        acc[r] = _mm256_add_ps(acc[r], t);
+                                       _mm256_cvtepi32_ps(s32[r][h]));
+        acc[r][h] = _mm256_add_ps(acc[r][h], t);
       }
     }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(a.out + r * a.ldo + 8 * h, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_ps(a.out + r * a.ldo, acc[r][0]);
+    _mm256_storeu_ps(a.out + r * a.ldo + 8, acc[r][1]);
   }
 }
 
@@ -381,14 +394,18 @@ void quant_matmul(const float* x, int64_t m, int64_t k, const uint8_t* w, Format
   const Isa isa = active_isa();
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
 #if defined(_OPENMP)
-  const int64_t chunks = std::min<int64_t>(tiles, omp_get_max_threads());
+  const int64_t threads = omp_get_max_threads();
 #else
-  const int64_t chunks = 1;
+  const int64_t threads = 1;
 #endif
-  // Threads split the outputs, never k: an output's reduction order does not depend on them.
-#pragma omp parallel for schedule(static) if (chunks > 1)
+  // Threads split the outputs, never k, so an output's reduction order does not depend on them.
+  // Chunks are handed out dynamically (about 8 per thread): on a shared machine a thread that
+  // loses its core leaves its work to the others instead of stalling the call.
+  const int64_t chunk = std::max<int64_t>(1, tiles / (8 * threads));
+  const int64_t chunks = (tiles + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1 && threads > 1)
   for (int64_t c = 0; c < chunks; ++c)
-    run_tiles(isa, f, w, c * tiles / chunks, (c + 1) * tiles / chunks, acts, m, k, n, y);
+    run_tiles(isa, f, w, c * chunk, std::min(tiles, (c + 1) * chunk), acts, m, k, n, y);
 }
 
 void quant_rows(const int64_t* ids, int64_t count, const uint8_t* w, Format f, int64_t k,

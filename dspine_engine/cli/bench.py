@@ -19,7 +19,9 @@ from pathlib import Path
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model (default: SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--dtype", default="auto", help="float32 / bfloat16 (default: bf16 on CUDA)")
+    p.add_argument("--dtype", default="auto",
+                   help="gguf / float32 / bfloat16 (default: bf16 on CUDA, the GGUF's quantised "
+                        "blocks on the CPU for the default model)")
     p.add_argument("--prompts", default="mtbench",
                    help="humaneval, mtbench, or a JSONL file of prompts (default: mtbench)")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts")

@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message for the chat template")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--dtype", default="auto",
-                   help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)")
+                   help="gguf, float32, bfloat16 or float16 (default: bfloat16 on CUDA; on the "
+                        "CPU the GGUF's own quantised blocks for a .gguf or the default model, "
+                        "float32 for a model directory)")
     p.add_argument("--json-stats", action="store_true",
                    help="print the statistics as one JSON object instead of a text line")
     p.add_argument("--quiet", action="store_true", help="no progress bars while loading")
@@ -127,7 +129,7 @@ def _stats_line(final, engine, as_json: bool) -> str:
             "seconds": round(s.elapsed, 3), "tokens_per_second": round(s.tokens_per_second, 2),
             "time_to_first_token": round(s.time_to_first_token, 3),
             "finish_reason": final.finish_reason, "device": str(engine.device),
-            "dtype": str(engine.dtype).replace("torch.", "")}
+            "dtype": "gguf" if engine.quantized else str(engine.dtype).replace("torch.", "")}
     if engine.draft is not None:
         info.update(rounds=s.rounds, tau=round(s.tau, 3),
                     acceptance_by_position=[round(a / max(1, s.drafted_rounds), 3)
