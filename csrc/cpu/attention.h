@@ -42,7 +42,13 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
       for (int64_t i0 = 0; i0 < n; i0 += kQTile) items.push_back({b, kvh, i0, std::min(n, i0 + kQTile)});
   }
 
-  parallel_for(static_cast<int64_t>(items.size()), [&](int64_t w) {
+  // Decode over a short context is a few microseconds of work: run it on the calling thread,
+  // because an OpenMP region there costs more than it saves, and its spinning helpers steal the
+  // core from the quantised GEMVs around it on a shared machine (chunk_pool.h).
+  int64_t visits = 0;
+  for (int64_t b = 0; b < a.batch; ++b) visits += (cu_q[b + 1] - cu_q[b]) * int64_t{kv_lens[b]};
+  const bool tiny = visits * a.q_heads * d < (int64_t{1} << 21);
+  const auto body = [&](int64_t w) {
     const Item it = items[w];
     const int64_t n = cu_q[it.b + 1] - cu_q[it.b];
     const int64_t kv_len = kv_lens[it.b];
@@ -119,7 +125,12 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
       const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
       for (int64_t x = 0; x < d; ++x) dst[x] = from_f<T>(acc[r * d + x] * inv);
     }
-  });
+  };
+  if (tiny) {
+    for (int64_t w = 0; w < static_cast<int64_t>(items.size()); ++w) body(w);
+  } else {
+    parallel_for(static_cast<int64_t>(items.size()), body);
+  }
 }
 
 }  // namespace cpu

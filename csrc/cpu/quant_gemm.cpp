@@ -14,6 +14,8 @@
 
 #include "quant_gemm.h"
 
+#include "chunk_pool.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -387,25 +389,39 @@ Isa active_isa() {
   return std::min(asked, best_isa());
 }
 
+namespace {
+
+struct MatmulJob {
+  Isa isa;
+  Format f;
+  const uint8_t* w;
+  const QuantActs* acts;
+  int64_t m, k, n, tiles, chunk;
+  float* y;
+};
+
+void matmul_chunk(void* ctx, int64_t c) {
+  const auto& j = *static_cast<const MatmulJob*>(ctx);
+  run_tiles(j.isa, j.f, j.w, c * j.chunk, std::min(j.tiles, (c + 1) * j.chunk), *j.acts, j.m, j.k, j.n, j.y);
+}
+
+}  // namespace
+
 void quant_matmul(const float* x, int64_t m, int64_t k, const uint8_t* w, Format f, int64_t n,
                   float* y) {
   if (m == 0 || n == 0) return;
   const QuantActs acts = quantize_acts(x, m, k);
-  const Isa isa = active_isa();
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
 #if defined(_OPENMP)
-  const int64_t threads = omp_get_max_threads();
+  const int threads = omp_get_max_threads();  // follows torch.set_num_threads
 #else
-  const int64_t threads = 1;
+  const int threads = 1;
 #endif
   // Threads split the outputs, never k, so an output's reduction order does not depend on them.
-  // Chunks are handed out dynamically (about 8 per thread): on a shared machine a thread that
-  // loses its core leaves its work to the others instead of stalling the call.
+  // About 8 chunks a thread, claimed dynamically (chunk_pool.h says why not OpenMP).
   const int64_t chunk = std::max<int64_t>(1, tiles / (8 * threads));
-  const int64_t chunks = (tiles + chunk - 1) / chunk;
-#pragma omp parallel for schedule(dynamic, 1) if (chunks > 1 && threads > 1)
-  for (int64_t c = 0; c < chunks; ++c)
-    run_tiles(isa, f, w, c * chunk, std::min(tiles, (c + 1) * chunk), acts, m, k, n, y);
+  MatmulJob job{active_isa(), f, w, &acts, m, k, n, tiles, chunk, y};
+  ChunkPool::instance().run((tiles + chunk - 1) / chunk, threads, &matmul_chunk, &job);
 }
 
 void quant_rows(const int64_t* ids, int64_t count, const uint8_t* w, Format f, int64_t k,
