@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free one)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--dtype", default="auto",
-                   help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)")
+                   help="gguf, float32, bfloat16 or float16 (default: bfloat16 on CUDA; on the "
+                        "CPU the GGUF's own quantised blocks for a .gguf or the default model, "
+                        "float32 for a model directory)")
     p.add_argument("--max-num-seqs", type=int, default=64,
                    help="requests decoded together (continuous batching; default 64)")
     p.add_argument("--kv-cache-tokens", type=int, default=None,
@@ -130,8 +132,8 @@ def main(argv=None) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     mode = "autoregressive" if draft is None else f"draft {draft}"
-    print(f"dspine-serve: {name} ({mode}, {engine.device} "
-          f"{str(engine.dtype).replace('torch.', '')}) on http://{shown}:{port}/v1"
+    weights = "gguf" if engine.quantized else str(engine.dtype).replace("torch.", "")
+    print(f"dspine-serve: {name} ({mode}, {engine.device} {weights}) on http://{shown}:{port}/v1"
           f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)
     # uvicorn handles SIGTERM (stop accepting, let requests finish, then shut the app down) and
     # re-raises the signal afterwards; this handler receives it, so the exit code is 0.
