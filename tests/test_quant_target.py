@@ -2,8 +2,8 @@
 
 Quality tolerance: the quantised forward (int8 activations per block of 32 against the file's
 Q4_1/Q8_0 weights) against the fp32 forward of the same dequantised weights; on SmolLM2 the
-last-position logits differ by at most 8% of the largest |logit| (measured: 2-4%) and the top-1
-token agrees on every probe prompt.
+last-position logits must differ by at most 8% of the largest |logit|, and the top-1 token must
+agree on every probe prompt.
 """
 import gguf
 import numpy as np
