@@ -5,11 +5,13 @@
     engine = Engine(draft="default")        # + the shipped DSpine drafter
     print(engine.generate("Hello!", SamplingParams(max_tokens=64))[0].text)
 """
+from .engine.config import EngineConfig
 from .engine.engine import Engine, EngineStats
+from .engine.handles import RequestHandle
 from .engine.kv_cache import KVCacheFullError
 from .engine.outputs import GenerationResult, RequestOutput, RequestStats
 from .engine.sampling import SamplingParams
 
-__all__ = ["Engine", "EngineStats", "SamplingParams", "GenerationResult", "RequestOutput",
-           "RequestStats", "KVCacheFullError"]
+__all__ = ["Engine", "EngineConfig", "EngineStats", "SamplingParams", "GenerationResult",
+           "RequestHandle", "RequestOutput", "RequestStats", "KVCacheFullError"]
 __version__ = "0.1.0"

@@ -71,7 +71,10 @@ def write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
 
 def rope_ref(x, positions, cos_sin):
     half = x.shape[-1] // 2
-    cs = cos_sin[positions.long()].float()
+    pos = positions.long()
+    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= cos_sin.shape[0]):
+        raise IndexError(f"rope: positions outside the cos/sin table ({cos_sin.shape[0]} rows)")
+    cs = cos_sin[pos].float()
     cos, sin = cs[:, None, :half], cs[:, None, half:]
     xf = x.float()
     x1, x2 = xf[..., :half], xf[..., half:]
@@ -79,13 +82,14 @@ def rope_ref(x, positions, cos_sin):
 
 
 def write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
-    keep = slots >= 0
+    keep = slots >= 0  # padding rows (slot < 0) are neither written nor rotated
+    k, v = k[keep], v[keep]
     if cos_sin.numel() > 0:
-        k = rope_ref(k, positions, cos_sin)
+        k = rope_ref(k, positions[keep], cos_sin)
     s = slots[keep].long()
     page_size = k_cache.shape[1]
-    k_cache[s // page_size, s % page_size] = k[keep].to(k_cache.dtype)
-    v_cache[s // page_size, s % page_size] = v[keep].to(v_cache.dtype)
+    k_cache[s // page_size, s % page_size] = k.to(k_cache.dtype)
+    v_cache[s // page_size, s % page_size] = v.to(v_cache.dtype)
 
 
 def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict | None = None,

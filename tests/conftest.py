@@ -44,3 +44,11 @@ def smollm2_quant_engine():
     from dspine_engine import Engine
 
     return Engine(None, device="cpu", dtype="gguf", progress=False, max_num_seqs=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_engine(tiny_llama):
+    """An autoregressive engine on the tiny target (fast; for input-handling tests)."""
+    from dspine_engine import Engine
+
+    return Engine(tiny_llama, progress=False)

@@ -98,3 +98,29 @@ def test_bench_accept_writes_json_and_plot(tiny_llama, tmp_path):
     assert res["num_prompts"] == 2 and res["rounds"] > 0 and res["tau"] >= 1.0
     assert len(res["acceptance_by_position"]) == 15
     assert (tmp_path / "res" / "acc.png").stat().st_size > 1000
+
+
+def test_generate_invalid_utf8_on_stdin(tiny_llama):
+    out = subprocess.run([sys.executable, "-m", "dspine_engine.cli.generate", "--model",
+                          str(tiny_llama), "--quiet"], input=b"caf\xe9 \xff", capture_output=True,
+                         timeout=600)
+    err = out.stderr.decode()
+    assert out.returncode == 2 and "not valid UTF-8" in err and "Traceback" not in err
+
+
+def test_generate_into_a_closed_pipe(tiny_llama):
+    """`dspine-generate ... | head -c 1`: the reader leaves early; no traceback."""
+    cmd = (f"{sys.executable} -m dspine_engine.cli.generate --model {tiny_llama} --quiet "
+           "--no-chat --max-new-tokens 64 --temperature 1 --seed 1 'Once upon a time' | head -c 1")
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
+                         timeout=600)
+    assert len(out.stdout) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.returncode in (0, 141)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA message")
+def test_generate_cuda_without_cuda(tiny_llama):
+    out = _run(["dspine_engine.cli.generate", "--model", str(tiny_llama), "--device", "cuda",
+                "--quiet", "hi"])
+    assert out.returncode == 1 and "CUDA is not available" in out.stderr
+    assert "Traceback" not in out.stderr

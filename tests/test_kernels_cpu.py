@@ -54,6 +54,28 @@ def test_write_kv_rejects_slot_outside_cache():
                      torch.tensor([0, 9], dtype=torch.int32))
 
 
+@pytest.mark.parametrize("bad", [8, 9, -1])
+def test_rope_refuses_positions_outside_the_table(bad):
+    """The kernels used to read past the cos/sin table silently; now it is an error (as in the
+    reference), and only for rows that would read it: padding rows of write_kv never do."""
+    cs = ops.rope_cos_sin(8, 8, 10000.0)  # positions 0..7
+    x = torch.randn(3, 2, 8)
+    pos = torch.tensor([0, bad, 3], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="outside the cos/sin table"):
+        ops.rope(x, pos, cs)
+    with pytest.raises(IndexError):
+        ops.rope_ref(x, pos, cs)
+    cache = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(RuntimeError, match="outside the cos/sin table"):
+        ops.write_kv(x, x, pos, cs, cache, cache.clone(), torch.tensor([0, 1, 2], dtype=torch.int32))
+    padding = torch.tensor([0, -1, 2], dtype=torch.int32)
+    got = [torch.zeros(1, 4, 2, 8) for _ in range(4)]
+    ops.write_kv(x, x, pos, cs, got[0], got[1], padding)
+    ops.write_kv_ref(x, x, pos, cs, got[2], got[3], padding)
+    torch.testing.assert_close(got[0], got[2])
+    assert torch.equal(got[1], got[3])
+
+
 ATTN_SHAPES = [
     # (q_lens, kv_lens, q_heads, kv_heads, head_dim, page_size, causal, window)
     ([5, 1, 17], [5, 40, 17], 9, 3, 64, 16, True, 0),            # prefill-ish varlen, GQA 3

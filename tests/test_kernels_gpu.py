@@ -100,6 +100,38 @@ def test_write_kv_skips_slots_outside_cache():
     assert torch.isnan(flat[torch.arange(8, device=DEV) != 1]).all()
 
 
+_OUT_OF_TABLE = """
+import sys, torch
+from dspine_engine import ops
+cs = ops.rope_cos_sin(64, 8, 10000.0, device="cuda")
+x = torch.randn(3, 2, 64, device="cuda")
+pos = torch.tensor([0, int(sys.argv[2]), 3], dtype=torch.int32, device="cuda")
+if sys.argv[1] == "rope":
+    ops.rope(x, pos, cs)
+else:
+    kc = torch.zeros(1, 4, 2, 64, device="cuda")
+    ops.write_kv(x, x, pos, cs, kc, kc.clone(), torch.tensor([0, 1, 2], dtype=torch.int32,
+                                                              device="cuda"))
+torch.cuda.synchronize()
+print("NO ERROR")
+"""
+
+
+@pytest.mark.parametrize("op", ["rope", "write_kv"])
+@pytest.mark.parametrize("bad", [8, -1])
+def test_rope_position_outside_the_table_is_an_error(op, bad):
+    """A position past the cos/sin table stops the kernel with a device-side assert (it used to
+    write NaN without an error). An assert poisons the CUDA context, hence the subprocess."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _OUT_OF_TABLE, op, str(bad)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode != 0 and "NO ERROR" not in out.stdout
+    assert "outside the cos/sin table" in out.stdout + out.stderr
+    assert "device-side assert" in out.stderr
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("shape", [(1, 16, 64), (3, 5, 576), (2, 16, 130), (1, 16, 4096), (5, 16, 4096)])
 def test_fused_injection(shape, dtype):

@@ -37,6 +37,9 @@ DSPINE_API dspine_status dspine_cuda_add_rms_norm_f32(const float* x, const floa
                                                       int64_t dim, float eps,
                                                       dspine_cuda_stream stream);
 
+/* RoPE and the KV write: the CPU functions' contracts. Positions live on the device, so a
+ * position outside cos_sin (in a row that is rotated) is not reported here: the kernel stops
+ * with a device-side assert, which the next synchronisation on the stream reports. */
 DSPINE_API dspine_status dspine_cuda_rope_f32(const float* x, int64_t x_token_stride, float* out,
                                               const int32_t* positions, const float* cos_sin,
                                               int64_t cos_sin_rows, int64_t tokens,

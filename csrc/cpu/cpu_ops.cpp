@@ -44,11 +44,25 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at
   return {out, sum};
 }
 
+// Every position a row is rotated by must be a row of the table (rows whose slot is negative
+// are padding and never read it). Host memory: checking costs nothing next to the rotation.
+static void check_positions_in_table(const at::Tensor& pos, const int32_t* slots, const at::Tensor& cos_sin,
+                                     const char* op) {
+  const int32_t* p = pos.data_ptr<int32_t>();
+  const int64_t rows = cos_sin.size(0);
+  for (int64_t i = 0; i < pos.numel(); ++i) {
+    if (slots != nullptr && slots[i] < 0) continue;
+    TORCH_CHECK(p[i] >= 0 && p[i] < rows, op, ": position ", p[i], " of token ", i, " is outside the cos/sin table (",
+                rows, " positions)");
+  }
+}
+
 at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
   check_token_rows(x, "rope");
   check_rope_table(positions, cos_sin, x.size(0), x.size(2));
   auto out = at::empty(x.sizes(), x.options());
   auto pos = positions.contiguous();
+  check_positions_in_table(pos, nullptr, cos_sin, "rope");
   DSPINE_DISPATCH_FLOATS(x.scalar_type(), "rope", [&] {
     cpu::rope<scalar_t>(x.data_ptr<scalar_t>(), x.stride(0), out.data_ptr<scalar_t>(), pos.data_ptr<int32_t>(),
                         cos_sin.data_ptr<float>(), x.size(0), x.size(1), x.size(2));
@@ -67,6 +81,7 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
   auto sp = sl.data_ptr<int32_t>();
   for (int64_t i = 0; i < sl.numel(); ++i)
     TORCH_CHECK(sp[i] < capacity, "write_kv: slot ", sp[i], " is outside the cache (", capacity, " slots)");
+  if (rotate) check_positions_in_table(pos, sp, cos_sin, "write_kv");
   DSPINE_DISPATCH_FLOATS(k.scalar_type(), "write_kv", [&] {
     cpu::write_kv<scalar_t>(k.data_ptr<scalar_t>(), k.stride(0), v.data_ptr<scalar_t>(), v.stride(0),
                             rotate ? pos.data_ptr<int32_t>() : nullptr, rotate ? cos_sin.data_ptr<float>() : nullptr,

@@ -9,6 +9,23 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+
+// A device-side check that stays on in release builds (unlike assert under NDEBUG): a kernel
+// that meets an input it must not read through stops with "device-side assert triggered" at
+// the next synchronisation instead of reading memory it does not own. For inputs the host
+// cannot check without a sync (positions, slots live on the device).
+#if defined(__CUDA_ARCH__)
+#define DSPINE_DEVICE_REQUIRE(cond, msg)                                                  \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
+      printf("dspine_engine: %s (%s:%d)\n", msg, __FILE__, __LINE__);                     \
+      __assert_fail(#cond, __FILE__, static_cast<unsigned>(__LINE__), __func__);          \
+    }                                                                                     \
+  } while (0)
+#else
+#define DSPINE_DEVICE_REQUIRE(cond, msg) ((void)0)
+#endif
 
 namespace dspine {
 namespace gpu {

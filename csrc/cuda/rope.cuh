@@ -2,7 +2,8 @@
 //
 // One thread per (token, head, i < D/2) rotation pair: it reads x[i] and x[i + D/2] and the
 // matching cos/sin, so neighbouring threads touch neighbouring addresses (coalesced). Both ops are
-// pure bandwidth; positions outside the cos/sin table produce NaN rather than reading past it.
+// pure bandwidth. A position outside the cos/sin table is an error (a device-side assert): the
+// table is never read past, and nothing is written for that token.
 #pragma once
 
 #include "common.cuh"
@@ -23,14 +24,12 @@ __device__ __forceinline__ RotationPair rotation_pair(int64_t idx, int heads, in
   return {idx / per_token, rem / half, rem % half};
 }
 
-// Writes rope(in)[i] and rope(in)[i + half] to out; NaN when the position has no table row.
+// Writes rope(in)[i] and rope(in)[i + half] to out.
 template <typename T>
 __device__ __forceinline__ void rotate_pair(const T* in, T* out, int i, int half, int pos,
                                             const float* cos_sin, int max_pos) {
-  if (pos < 0 || pos >= max_pos) {
-    out[i] = out[i + half] = from_float<T>(__int_as_float(0x7fc00000));
-    return;
-  }
+  DSPINE_DEVICE_REQUIRE(pos >= 0 && pos < max_pos, "rope: position outside the cos/sin table");
+  if (pos < 0 || pos >= max_pos) return;  // (unreachable past the check; keeps reads in bounds)
   const float c = cos_sin[static_cast<int64_t>(pos) * 2 * half + i];
   const float s = cos_sin[static_cast<int64_t>(pos) * 2 * half + half + i];
   const float x1 = to_float(in[i]), x2 = to_float(in[i + half]);

@@ -61,10 +61,8 @@ def _prompts(args) -> list:
 # ------------------------------------------------------------------------------ accept
 def acceptance(engine, prompts, params_for, batch: int, progress: bool = False) -> dict:
     """Runs prompts through a drafted engine; returns tau and acceptance by position."""
-    from ..engine.engine import EngineStats
-
-    engine.stats = EngineStats(accepted_by_position=[0] * (engine.block - 1))
-    engine.scheduler.max_num_seqs = batch
+    engine.reset_stats()
+    engine.max_num_seqs = batch
     t0 = time.perf_counter()
     results = engine.generate(prompts, [params_for(i) for i in range(len(prompts))],
                               progress=progress)
@@ -120,13 +118,12 @@ def throughput(engine, prompts, max_new_tokens: int, concurrency: int,
                progress: bool = False) -> tuple[dict, list[list[int]]]:
     """Greedy, fixed-length answers with `concurrency` requests in flight."""
     from .. import SamplingParams
-    from ..engine.engine import EngineStats
 
-    engine.scheduler.max_num_seqs = concurrency
-    engine.stats = EngineStats(accepted_by_position=[0] * (engine.block - 1))
+    engine.max_num_seqs = concurrency
+    engine.reset_stats()
     engine.generate(prompts[:min(len(prompts), concurrency)],
                     SamplingParams(max_tokens=8, ignore_eos=True))  # warm-up
-    engine.stats = EngineStats(accepted_by_position=[0] * (engine.block - 1))
+    engine.reset_stats()
     _sync(engine)
     t0 = time.perf_counter()
     results = engine.generate(prompts, SamplingParams(max_tokens=max_new_tokens,

@@ -84,9 +84,43 @@ def _draft_choice(args):
     return None
 
 
+def _read_stdin() -> str:
+    """The prompt from stdin; invalid UTF-8 is an error that says where, not a traceback."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"stdin is not valid UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def _request(args, prompt: str):
+    """The prompt as the engine takes it: a system message makes it a chat conversation."""
+    if args.system and not args.no_chat:
+        return [{"role": "system", "content": args.system}, {"role": "user", "content": prompt}]
+    return prompt
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    try:
+        return _generate(args)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, like other Unix tools; point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
+def _generate(args) -> int:
+    try:
+        prompt = args.prompt if args.prompt is not None else _read_stdin()
+    except ValueError as e:
+        print(f"dspine-generate: error: {e}", file=sys.stderr)
+        return 2
     if not prompt.strip():
         print("dspine-generate: empty prompt (give one as an argument or on stdin)",
               file=sys.stderr)
@@ -100,12 +134,8 @@ def main(argv=None) -> int:
         params.validate()
         engine = Engine(args.model, draft=_draft_choice(args), device=args.device,
                         dtype=args.dtype, progress=not args.quiet, max_num_seqs=1)
-        request = prompt
-        if not args.no_chat and engine.tokenizer.has_chat_template:
-            request = ([{"role": "system", "content": args.system}] if args.system else [])
-            request.append({"role": "user", "content": prompt})
         final = None
-        for out in engine.stream(request, params, chat=not args.no_chat):
+        for out in engine.stream(_request(args, prompt), params, chat=not args.no_chat):
             sys.stdout.write(out.new_text)
             sys.stdout.flush()
             final = out
@@ -116,6 +146,7 @@ def main(argv=None) -> int:
         print("\n[interrupted]", file=sys.stderr)
         return 130
     sys.stdout.write("\n")
+    sys.stdout.flush()
     if final is not None and final.error:
         print(f"dspine-generate: error: {final.error}", file=sys.stderr)
         return 1

@@ -1,18 +1,22 @@
 """The Engine: load a target (and optionally a DSpine/DFlash draft), then serve requests.
 
-Three ways in, one mechanism underneath:
+Four ways in, one loop driver underneath (driver.py), which routes every output to its
+request's handle whoever drives the step:
 - ``generate(prompts, params)`` runs a list of prompts (strings, token lists or chat messages) to
   completion and returns results with statistics;
 - ``stream(prompt, params)`` yields text as it is produced;
+- ``submit(prompt, params)`` returns a `RequestHandle`: iterate it (``for`` or ``async for``),
+  read its live stats, abort it (what a server front needs);
 - the step-level API (``add_request``, ``step``, ``abort``) lets a serving stack drive the engine;
-  requests join and leave between steps. ``generate`` and ``stream`` are built on it.
+  requests join and leave between steps, and ``step()`` returns their outputs, including those
+  produced while a ``generate()`` or a stream was driving.
+Any mix of these on one engine gets every request's complete output exactly once.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import logging
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -23,14 +27,17 @@ from ..models.config import TargetConfig
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from ..models.tokenizer import Tokenizer
+from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .kv_cache import KVCache
+from .driver import LoopDriver
+from .handles import RequestHandle
+from .kv_cache import KVCache, KVCacheFullError
 from .outputs import GenerationResult, RequestOutput, RequestStats
+from .prompts import prompt_to_ids
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence, Status
-from .speculative import speculative_round
+from .sequence import Sequence
 
 log = logging.getLogger("dspine_engine")
 
@@ -40,7 +47,31 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 def resolve_device(device) -> torch.device:
     """The device asked for, or CUDA when there is one, else the CPU."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use cpu or cuda[:N]") from None
+
+
+def check_device(device: torch.device) -> None:
+    """Refuses a device the kernels cannot run on, saying why and what to do instead."""
+    from .. import _C
+
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise ValueError(f"device {device} is not supported; use cpu or cuda[:N]")
+    if not torch.cuda.is_available():
+        why = ("this torch is a CPU build" if torch.version.cuda is None
+               else "no CUDA device is visible")
+        raise ValueError(f"device {device} was asked for but CUDA is not available ({why}); "
+                         "use --device cpu / device='cpu'")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device} does not exist: {torch.cuda.device_count()} CUDA "
+                         "device(s) visible")
+    if not _C.with_cuda:
+        raise ValueError("dspine_engine was built without its CUDA kernels; rebuild it with a "
+                         "CUDA torch and nvcc on the PATH (docs: README 'Set up')")
 
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
@@ -79,25 +110,45 @@ class EngineStats:
         return [a / n for a in self.accepted_by_position]
 
 
+class _Default:
+    """Marks an Engine keyword that was not given (the EngineConfig value applies)."""
+
+    def __repr__(self) -> str:
+        return "<EngineConfig default>"
+
+
+_DEFAULT = _Default()
+
+
 class Engine:
     def __init__(self, target=None, draft=None, device=None, dtype=None,
-                 kv_cache_tokens: int | None = None, page_size: int = 16,
-                 max_num_seqs: int = 64, max_prefill_tokens: int = 4096,
-                 max_model_len: int | None = None, cuda_graphs: bool = True,
-                 progress: bool = True):
+                 kv_cache_tokens=_DEFAULT, page_size=_DEFAULT, max_num_seqs=_DEFAULT,
+                 max_prefill_tokens=_DEFAULT, max_model_len=_DEFAULT, cuda_graphs=_DEFAULT,
+                 progress: bool = True, config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
 
         ``dtype`` "auto" (None) runs a GGUF target (the default model included) on the CPU on its
         own quantised blocks ("gguf", models/gguf_target.py); "float32" / "bfloat16" load the
-        dequantised weights instead. ``kv_cache_tokens`` sizes the target's KV pool (default:
-        32K tokens on the CPU, half of the free GPU memory on CUDA); requests that can never fit
-        are refused with an error."""
+        dequantised weights instead.
+
+        Settings come from ``config`` (an `EngineConfig`), overridden by the keywords given:
+        ``kv_cache_tokens`` sizes the KV pools (default: 32K tokens on the CPU, half of the free
+        GPU memory on CUDA; requests that can never fit are refused with an error),
+        ``page_size``, ``max_num_seqs`` (requests decoded together), ``max_prefill_tokens``,
+        ``max_model_len`` (default: the target's context) and ``cuda_graphs``. Every value is
+        checked before anything loads (ValueError naming it)."""
         from ..models.default_model import gguf_source, resolve_model_path
         from ..models.drafters import resolve_draft_path
         from ..models.gguf_target import load_gguf_target, use_quantized
 
+        given = {k: v for k, v in dict(
+            kv_cache_tokens=kv_cache_tokens, page_size=page_size, max_num_seqs=max_num_seqs,
+            max_prefill_tokens=max_prefill_tokens, max_model_len=max_model_len,
+            cuda_graphs=cuda_graphs).items() if v is not _DEFAULT}
+        self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
+        check_device(self.device)
         gguf_path = gguf_source(target, progress)
         self.quantized = use_quantized(dtype, self.device, gguf_path)
         self.dtype = torch.float32 if self.quantized else resolve_dtype(dtype, self.device)
@@ -107,27 +158,58 @@ class Engine:
         self.target = (load_gguf_target(gguf_path, progress) if self.quantized else
                        TargetModel.load(target_dir, self.device, self.dtype, progress=progress))
         cfg: TargetConfig = self.target.config
-        self.max_model_len = min(max_model_len or cfg.max_position_embeddings,
-                                 cfg.max_position_embeddings)
         self.draft = None
         if draft is not None:
             self.draft = DSpineDraft.load(resolve_draft_path(draft), self.device, self.dtype,
                                           progress=progress)
+        self.config.derive(cfg, self.draft.config if self.draft else None)
+        self.target.cover_positions(self.config.max_position)
+        if self.draft is not None:
             self.draft.bind(self.target.embed, self.target.lm_head, cfg,
-                            self.target.lm_head_dense)
-        self.block = self.draft.config.block_size if self.draft else 1
+                            self.target.lm_head_dense, max_positions=self.config.max_position)
         self.eos_ids = self.tokenizer.eos_token_ids | set(cfg.eos_token_ids)
-        self._build_caches(kv_cache_tokens, page_size)
-        window = (self.draft.config.sliding_window or 0) if self.draft else 0
-        self.scheduler = Scheduler(self.target_kv, self.draft_kv, self.block, window,
-                                   max_num_seqs, max_prefill_tokens)
+        self._build_caches()
+        c = self.config
+        self.scheduler = Scheduler(self.target_kv, self.draft_kv, c.block_size, c.draft_window,
+                                   c.max_num_seqs, c.max_prefill_tokens)
         self.runner = ModelRunner(self.target, self.draft, self.target_kv, self.draft_kv)
-        if cuda_graphs and self.device.type == "cuda":
-            self._capture_graphs(max_num_seqs, progress)
-        self.stats = EngineStats(accepted_by_position=[0] * (self.block - 1))
-        self._seqs: dict[str, Sequence] = {}  # unfinished requests (and aborted, until reported)
-        self._aborted: list[Sequence] = []
+        if c.cuda_graphs and self.device.type == "cuda":
+            self._capture_graphs(c.max_num_seqs, progress)
+        self._driver = LoopDriver(self.scheduler, self.runner, EngineStats(),
+                                  has_draft=self.draft is not None)
+        self.reset_stats()
         self._ids = itertools.count()
+
+    @property
+    def block(self) -> int:
+        """Tokens a round verifies per sequence (the draft's block; 1 without a draft)."""
+        return self.config.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Requests decoded together; may be lowered (and raised back) between calls, up to
+        the configured value (CUDA graphs were captured up to it)."""
+        return self.scheduler.max_num_seqs
+
+    @max_num_seqs.setter
+    def max_num_seqs(self, n: int) -> None:
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.config.max_num_seqs:
+            raise ValueError(f"max_num_seqs must be an integer in [1, "
+                             f"{self.config.max_num_seqs}] (the configured limit), got {n!r}")
+        self.scheduler.max_num_seqs = n
+
+    @property
+    def stats(self) -> EngineStats:
+        """Totals over the engine's life (or since `reset_stats()`)."""
+        return self._driver.stats
+
+    def reset_stats(self) -> None:
+        """Starts the engine-wide totals (`engine.stats`) from zero."""
+        self._driver.stats = EngineStats(accepted_by_position=[0] * (self.block - 1))
 
     # ------------------------------------------------------------------ setup
     def _capture_graphs(self, max_num_seqs: int, progress: bool) -> None:
@@ -141,11 +223,10 @@ class Engine:
             self.runner.graphs = None
             torch.cuda.synchronize(self.device)
 
-    def _build_caches(self, kv_cache_tokens: int | None, page_size: int) -> None:
-        cfg = self.target.config
-        if kv_cache_tokens is None:
-            kv_cache_tokens = self._default_kv_tokens(page_size)
-        num_pages = max(1, kv_cache_tokens // page_size)
+    def _build_caches(self) -> None:
+        cfg, page_size = self.target.config, self.config.page_size
+        kv_tokens = self.config.kv_cache_tokens or self._default_kv_tokens(page_size)
+        num_pages = max(1, kv_tokens // page_size)
         self.target_kv = KVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads,
                                  cfg.head_dim, self.dtype, self.device)
         self.draft_kv = None
@@ -167,165 +248,119 @@ class Engine:
         free, _ = torch.cuda.mem_get_info(self.device)
         return int(free * 0.5 // per_page) * page_size
 
-    # ------------------------------------------------------------------ step-level API
+    # ------------------------------------------------------------------ requests
     def add_request(self, prompt, params: SamplingParams | None = None,
                     request_id: str | None = None, chat: bool | None = None) -> str:
-        """Queues a request and returns its id. Raises ValueError (bad prompt or parameters) or
-        KVCacheFullError (can never fit) without touching any other request."""
-        params = dataclasses.replace(params or SamplingParams())
+        """Queues a request for the step API and returns its id; `step()` returns its outputs.
+        Raises ValueError (bad prompt or parameters) or KVCacheFullError (can never fit)
+        without touching any other request."""
+        return self._queue(prompt, params, request_id, chat, step_api=True).request_id
+
+    def submit(self, prompt, params: SamplingParams | None = None,
+               request_id: str | None = None, chat: bool | None = None) -> RequestHandle:
+        """Queues a request and returns its handle: ``for out in handle`` / ``async for out in
+        handle`` yields its outputs (driving the engine as needed), ``handle.stats`` are its live
+        statistics, ``handle.abort()`` stops it, ``handle.result()`` waits for all of it.
+        Raises like `add_request`."""
+        return self._queue(prompt, params, request_id, chat, step_api=False)
+
+    def _queue(self, prompt, params, request_id, chat, step_api: bool,
+               queue_outputs: bool = True) -> RequestHandle:
+        if params is not None and not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params = dataclasses.replace(params or SamplingParams())  # the caller's stays unchanged
         params.validate(self.target.config.vocab_size)
-        ids = self._prompt_ids(prompt, chat)
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        ids = self.encode_prompt(prompt, chat)
         room = self.max_model_len - len(ids)
         if room < 1:
             raise ValueError(f"prompt has {len(ids)} tokens but the context holds "
                              f"{self.max_model_len}; shorten the prompt")
         params.max_tokens = min(params.max_tokens, room)
-        request_id = request_id or f"req-{next(self._ids)}"
-        if request_id in self._seqs:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        seq = Sequence(request_id, prompt, ids, params,
-                       IncrementalDetokenizer(self.tokenizer, params.stop), self.eos_ids)
-        self.scheduler.add(seq)
-        self._seqs[request_id] = seq
-        self.stats.requests += 1
-        return request_id
+        detok = (IncrementalDetokenizer(self.tokenizer, params.stop) if params.detokenize
+                 else None)
+        seq = Sequence(request_id or self._new_id(), prompt, ids, params, detok, self.eos_ids)
+        return self._driver.add(seq, step_api, queue_outputs)
 
-    def _prompt_ids(self, prompt, chat: bool | None) -> list[int]:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            return self.tokenizer.encode_chat(prompt)
-        if isinstance(prompt, list):
-            if not prompt or not all(isinstance(t, int) for t in prompt):
-                raise ValueError("a token prompt must be a non-empty list of ints")
-            bad = [t for t in prompt if not 0 <= t < self.target.config.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token ids out of range: {bad[:5]}")
-            return list(prompt)
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError("prompt must be a non-empty string, a token list or chat messages")
-        use_chat = self.tokenizer.has_chat_template if chat is None else chat
-        if use_chat:
-            return self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
-        return self.tokenizer.encode(prompt)
+    def encode_prompt(self, prompt, chat: bool | None = None) -> list[int]:
+        """The token ids a prompt runs as (the one prompt -> ids path; ValueError if bad)."""
+        return prompt_to_ids(self.tokenizer, prompt, self.target.config.vocab_size, chat)
+
+    def _new_id(self) -> str:
+        """An automatic id; skips ids a caller chose, so automatic ids never collide."""
+        while True:
+            rid = f"req-{next(self._ids)}"
+            if not self._driver.in_use(rid):
+                return rid
 
     def abort(self, request_id: str) -> bool:
-        """Stops a request; its pages go back at once. Returns False for an unknown id."""
-        seq = self._seqs.get(request_id)
-        if seq is None or seq.status is Status.FINISHED:
-            return False
-        self.scheduler.finish(seq, "abort")
-        self._aborted.append(seq)
-        return True
+        """Stops a request; its pages go back at once. Returns False for an unknown or finished
+        id. Its final output (finish_reason "abort") goes to whoever reads the request."""
+        return self._driver.abort(request_id)
 
+    # ------------------------------------------------------------------ step-level API
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or bool(self._aborted)
+        """Requests still to run, or step-API outputs `step()` has not returned yet."""
+        return self._driver.has_work()
 
     def step(self) -> list[RequestOutput]:
-        """Runs one prefill batch or one decode/speculative round; returns what changed."""
-        outputs = [self._finished_output(s, "") for s in self._aborted]
-        self._aborted.clear()
-        t0 = time.perf_counter()
-        admitted = self.scheduler.admit()
-        batch = admitted or list(self.scheduler.running)
-        if not batch:
-            return outputs
-        try:
-            new_tokens = (self._prefill(admitted) if admitted
-                          else speculative_round(self.runner, batch, self.stats))
-        except Exception as e:  # a failed batch must not take the engine down
-            log.exception("step failed")
-            for s in batch:
-                self.scheduler.finish(s, "error", error=f"{type(e).__name__}: {e}")
-                outputs.append(self._finished_output(s, ""))
-            return outputs
-        self.stats.busy_seconds += time.perf_counter() - t0
-        for seq in batch:
-            outputs.append(self._emit(seq, new_tokens.get(seq.request_id, [])))
-        return outputs
-
-    def _prefill(self, seqs: list[Sequence]) -> dict[str, list[int]]:
-        logits, taps = self.runner.prefill(seqs)
-        temps, top_k, top_p, u = self.runner.sampling_inputs(seqs, 1)
-        _, out, _ = self.runner.verify_tokens(logits[:, None], None, None, None, temps, top_k,
-                                              top_p, u, seqs)
-        first = out[:, 0].tolist()
-        if self.draft is not None:
-            self.runner.ingest_prompt_context(seqs, taps)
-        new = {}
-        for seq, tok in zip(seqs, first):
-            seq.num_cached = len(seq.prompt_ids)
-            new[seq.request_id] = seq.commit([tok])
-        return new
-
-    def _emit(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
-        text = seq.detok.add(tokens) if tokens else ""
-        self.stats.new_tokens += len(tokens)
-        if seq.detok.stopped_by is not None:
-            seq.finish_reason = "stop"
-        if seq.finish_reason is not None:
-            self.scheduler.finish(seq, seq.finish_reason)
-            return self._finished_output(seq, text, tokens)
-        return RequestOutput(seq.request_id, text, tokens, finished=False)
-
-    def _finished_output(self, seq: Sequence, text: str, tokens=()) -> RequestOutput:
-        text += seq.detok.flush()
-        seq.stats.elapsed = time.perf_counter() - seq.t_admitted
-        self._seqs.pop(seq.request_id, None)
-        return RequestOutput(seq.request_id, text, list(tokens), finished=True,
-                             finish_reason=seq.finish_reason, error=seq.error, stats=seq.stats)
+        """Runs one prefill batch or one decode/speculative round, and returns the news of the
+        step-API requests (`add_request`): one merged output per request that changed since
+        the last `step()`, also through steps that `generate()` or a stream drove. Outputs of
+        `submit`/`stream`/`generate` requests go to their own consumers."""
+        self._driver.advance()
+        return self._driver.step_api_outputs()
 
     # ------------------------------------------------------------------ convenience APIs
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  progress: bool = False) -> list[GenerationResult]:
         """Runs every prompt to completion (batched) and returns results in prompt order.
         A prompt that is rejected (bad input, cannot fit) gets a result with finish_reason
-        "error" and the reason; the others are served normally."""
+        "error" and the reason; the others are served normally. If the call is interrupted
+        (an exception, Ctrl-C), its requests are aborted, never left queued."""
         single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts
                                               and isinstance(prompts[0], dict))
         prompts = [prompts] if single else list(prompts)
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
-        results: dict[str, GenerationResult] = {}
-        order, texts, tokens = [], {}, {}
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
-            rid = f"gen-{next(self._ids)}"
-            order.append(rid)
-            try:
-                self.add_request(prompt, p, request_id=rid)
-            except (ValueError, RuntimeError) as e:
-                results[rid] = GenerationResult(rid, prompt, "", [], "error",
-                                                RequestStats(), error=str(e))
-                continue
-            texts[rid], tokens[rid] = [], []
-        prompt_of = dict(zip(order, prompts))
-        bar = tqdm(total=len(texts), desc="generating", unit="req", disable=not progress)
-        while self.has_unfinished():
-            for out in self.step():
-                if out.request_id not in texts:
-                    continue
-                texts[out.request_id].append(out.new_text)
-                tokens[out.request_id].extend(out.new_token_ids)
-                if out.finished:
-                    bar.update()
-                    results[out.request_id] = GenerationResult(
-                        out.request_id, prompt_of[out.request_id], "".join(texts[out.request_id]),
-                        tokens[out.request_id], out.finish_reason, out.stats, error=out.error)
+        slots: list[RequestHandle | GenerationResult] = []
+        try:
+            for prompt, p in zip(prompts, plist):
+                try:
+                    slots.append(self._queue(prompt, p, None, None, step_api=False,
+                                             queue_outputs=False))
+                except (ValueError, KVCacheFullError) as e:
+                    slots.append(GenerationResult(self._new_id(), prompt, "", [], "error",
+                                                  RequestStats(), error=str(e)))
+            handles = [h for h in slots if isinstance(h, RequestHandle)]
+            self._run_until_finished(handles, progress)
+        except BaseException:
+            for h in slots:
+                if isinstance(h, RequestHandle) and not h.finished:
+                    h.abort()
+            raise
+        return [h.result() if isinstance(h, RequestHandle) else h for h in slots]
+
+    def _run_until_finished(self, handles: list[RequestHandle], progress: bool) -> None:
+        bar = tqdm(total=len(handles), desc="generating", unit="req", disable=not progress)
+        waiting = list(handles)
+        while waiting:
+            self._driver.advance_until(lambda: waiting[0].finished, waiting[0].request_id)
+            still = [h for h in waiting if not h.finished]
+            bar.update(len(waiting) - len(still))
+            waiting = still
         bar.close()
-        return [results[r] for r in order]
 
     def stream(self, prompt, params: SamplingParams | None = None,
                chat: bool | None = None) -> Iterator[RequestOutput]:
         """Yields a RequestOutput for each piece of new text of one request (the last one has
-        finished=True and the statistics). Other queued requests keep running meanwhile."""
-        rid = self.add_request(prompt, params, chat=chat)
+        finished=True and the statistics). Other requests keep running meanwhile, and several
+        streams may be advanced in any order. Closing the stream early aborts its request."""
+        handle = self.submit(prompt, params, chat=chat)
         try:
-            while True:
-                for out in self.step():
-                    if out.request_id == rid:
-                        yield out
-                        if out.finished:
-                            return
+            yield from handle
         finally:
-            if rid in self._seqs:
-                self.abort(rid)
-                self.step()
+            if not handle.finished:
+                handle.abort()

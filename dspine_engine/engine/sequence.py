@@ -26,14 +26,14 @@ class Sequence:
     length once its pending tapped states are ingested."""
 
     def __init__(self, request_id: str, prompt, prompt_ids: list[int], params: SamplingParams,
-                 detok: IncrementalDetokenizer, eos_ids: set[int]):
+                 detok: IncrementalDetokenizer | None, eos_ids: set[int]):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_ids = prompt_ids
         self.output_ids: list[int] = []
         self.params = params
         self.rng = RequestRNG(params.seed)
-        self.detok = detok
+        self.detok = detok  # None: the request wants token ids only
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
         self.status = Status.WAITING
         self.finish_reason: str | None = None

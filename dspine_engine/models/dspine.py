@@ -148,10 +148,11 @@ class DSpineDraft(nn.Module):
 
     # ------------------------------------------------------------------ binding to a target
     def bind(self, embed: torch.Tensor, lm_head: torch.Tensor, target_config,
-             lm_head_dense: Dense | None = None) -> None:
+             lm_head_dense: Dense | None = None, max_positions: int | None = None) -> None:
         """Attaches the target's embeddings and lm_head (shared, never copied; pass the target's
         `Dense` of it too) and builds the inference caches: the projections laid out for the
-        device (fused where they share an input), the RoPE table and the transition tables."""
+        device (fused where they share an input), the RoPE table (at least ``max_positions``
+        rows: the engine's padding positions past the context) and the transition tables."""
         c = self.config
         c.check_target(target_config)
         dtype, device = lm_head.dtype, lm_head.device  # (a QuantWeight table computes in fp32)
@@ -159,8 +160,9 @@ class DSpineDraft(nn.Module):
         with torch.no_grad():
             b = {"embed": embed, "lm_head": lm_head,
                  "lm_head_dense": lm_head_dense or Dense(lm_head),
-                 "cos_sin": ops.rope_cos_sin(c.head_dim, c.max_position_embeddings, c.rope_theta,
-                                             device=device),
+                 "cos_sin": ops.rope_cos_sin(c.head_dim,
+                                             max(c.max_position_embeddings, max_positions or 0),
+                                             c.rope_theta, device=device),
                  "fc": Dense(cast(self.fc.weight))}
             b["q"] = [Dense(cast(l.self_attn.q_proj.weight)) for l in self.layers]
             b["kv"] = [Dense(cast(l.self_attn.k_proj.weight, l.self_attn.v_proj.weight))

@@ -118,13 +118,37 @@ def open_gguf(path):
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     try:
-        reader = gguf.GGUFReader(path)
+        reader = _bounded_reader(path)
+    except _PastTheEnd as exc:
+        raise ValueError(f"{path} is truncated: {exc}; the file is incomplete (an interrupted "
+                         "download or copy?), fetch it again") from None
     except Exception as exc:  # the reader raises many kinds on garbage input
         raise ValueError(f"{path} is not a readable GGUF file: {exc}") from exc
     if reader.byte_order != "I":
         raise ValueError(f"{path} is a byte-swapped (big-endian) GGUF, which is not supported")
     _check_tensor_extents(reader, path)
     return reader
+
+
+class _PastTheEnd(ValueError):
+    pass
+
+
+def _bounded_reader(path):
+    """gguf's reader, refusing any read past the end of the file: a truncated file then says so
+    instead of failing later on a numpy reshape of a short slice."""
+    import gguf
+    import numpy as np
+
+    class BoundedReader(gguf.GGUFReader):
+        def _get(self, offset, dtype, count=1, override_order=None):
+            end = int(offset) + int(np.empty([], dtype=dtype).itemsize) * int(count)
+            if end > len(self.data):
+                raise _PastTheEnd(f"it has {len(self.data)} bytes, but its layout needs "
+                                  f"bytes up to {end}")
+            return super()._get(offset, dtype, count, override_order)
+
+    return BoundedReader(path)
 
 
 def read_metadata(reader) -> dict[str, Any]:

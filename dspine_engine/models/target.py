@@ -49,8 +49,7 @@ class TargetModel:
         self.quantized = isinstance(lm_head, QuantWeight)
         self.device = embed.device
         self.dtype = embed.dtype
-        self.cos_sin = ops.rope_cos_sin(config.head_dim, config.max_position_embeddings,
-                                        config.rope_theta, config.rope_scaling, device=self.device)
+        self.cos_sin = self._rope_table(config.max_position_embeddings)
         self.scale = 1.0 / math.sqrt(config.head_dim)
 
     # ---------------------------------------------------------------------------- loading
@@ -102,6 +101,18 @@ class TargetModel:
         else:
             lm_head = get("lm_head.weight", (cfg.vocab_size, h))
         return cls(cfg, embed, layers, get("model.norm.weight", (h,)), lm_head)
+
+    def _rope_table(self, positions: int) -> torch.Tensor:
+        c = self.config
+        return ops.rope_cos_sin(c.head_dim, positions, c.rope_theta, c.rope_scaling,
+                                device=self.device)
+
+    def cover_positions(self, positions: int) -> None:
+        """Extends the RoPE table to ``positions`` rows. The engine's last verify block of a full
+        context reaches block-1 positions past the context; their logits are never committed,
+        but the kernels must not read past the table (they refuse to)."""
+        if positions > self.cos_sin.shape[0]:
+            self.cos_sin = self._rope_table(positions)
 
     # ---------------------------------------------------------------------------- forward
     def kv_shape(self, num_pages: int, page_size: int) -> tuple[int, int, int, int]:

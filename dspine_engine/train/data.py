@@ -31,6 +31,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..engine.prompts import prompt_to_ids
 from ..engine.sampling import SamplingParams
 from ..models.tokenizer import Tokenizer
 
@@ -159,12 +160,8 @@ def load_prompts(path: Path) -> list[Prompt]:
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt) -> list[int]:
-    """Token ids of chat messages (rendered with the chat template when there is one)."""
-    if prompt and isinstance(prompt[0], int):
-        return prompt
-    if tokenizer.has_chat_template:
-        return tokenizer.encode_chat(prompt)
-    return tokenizer.encode("\n\n".join(m["content"] for m in prompt))
+    """Token ids of a prompt (chat messages or ids), the engine's one way."""
+    return prompt_to_ids(tokenizer, prompt, tokenizer.vocab_size)  # the engine's one way
 
 
 # ---------------------------------------------------------------------------- generation

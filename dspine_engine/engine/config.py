@@ -1,0 +1,90 @@
+"""EngineConfig: every engine setting in one validated dataclass.
+
+`Engine(...)` accepts the fields as keyword arguments too (they override a given config). The
+config is checked in one place, `validate()`, before any model is loaded, so a bad value is a
+clear ValueError and never a hang (max_num_seqs=0), a ZeroDivisionError (page_size=0) or a
+silent substitute (kv_cache_tokens=0 used to become one page, max_model_len=0 the model's limit).
+What follows from the models (the verify block, the draft's window, the context limit) is
+derived once, in `derive()`, and read from here by the scheduler, runner and graphs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..models.config import ModelConfigError
+
+_POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens")
+_OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len")
+
+
+@dataclass
+class EngineConfig:
+    kv_cache_tokens: int | None = None  # None: 32K tokens on the CPU, half the free GPU memory
+    page_size: int = 16  # tokens per KV page
+    max_num_seqs: int = 64  # requests decoded together (also the largest CUDA graph)
+    max_prefill_tokens: int = 4096  # prompt tokens per prefill step (a longer prompt runs alone)
+    max_model_len: int | None = None  # prompt + answer limit; None: the target's context
+    cuda_graphs: bool = True  # capture the draft/verify forwards on CUDA
+
+    # Derived from the models by derive(); not arguments.
+    block_size: int = field(default=1, init=False)  # tokens a round verifies per sequence
+    draft_window: int = field(default=0, init=False)  # the draft's sliding window, 0 = none
+
+    @classmethod
+    def from_kwargs(cls, config: "EngineConfig | None", **overrides) -> "EngineConfig":
+        """A validated copy of ``config`` (or of the defaults) with ``overrides`` applied."""
+        if config is not None and not isinstance(config, EngineConfig):
+            raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(f"unknown engine setting(s) {unknown}; settings are {sorted(names)}")
+        out = dataclasses.replace(config or cls(), **overrides)
+        out.validate()
+        return out
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first bad setting."""
+        for name in _POSITIVE_INTS + _OPTIONAL_POSITIVE_INTS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL_POSITIVE_INTS:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                what = "a positive integer" + (" or None" if name in _OPTIONAL_POSITIVE_INTS
+                                               else "")
+                raise ValueError(f"{name} must be {what}, got {value!r}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
+            raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) holds less than one "
+                             f"page of {self.page_size} tokens")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
+
+    def derive(self, target_config, draft_config=None) -> None:
+        """Fills in what follows from the models: the context limit, block and window.
+
+        A draft must cover every position the engine can reach: its RoPE table and training
+        stop at its max_position_embeddings (a shorter draft used to read past its table and
+        accept nothing), so such a draft is refused unless max_model_len is lowered to fit."""
+        model_len = target_config.max_position_embeddings
+        if self.max_model_len is not None and self.max_model_len > model_len:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the target's context "
+                             f"of {model_len} tokens")
+        self.max_model_len = self.max_model_len or model_len
+        if draft_config is None:
+            self.block_size, self.draft_window = 1, 0
+            return
+        if draft_config.max_position_embeddings < self.max_model_len:
+            raise ModelConfigError(
+                f"draft does not fit this target: its max_position_embeddings "
+                f"({draft_config.max_position_embeddings}) is below the engine's context of "
+                f"{self.max_model_len} tokens; pass max_model_len <= "
+                f"{draft_config.max_position_embeddings}")
+        self.block_size = draft_config.block_size
+        self.draft_window = draft_config.sliding_window or 0
+
+    @property
+    def max_position(self) -> int:
+        """One past the largest position a forward can see: the last verify block of a full
+        context starts at max_model_len - 1 and spans block_size positions."""
+        return self.max_model_len + self.block_size - 1

@@ -1,0 +1,168 @@
+"""The loop driver: the one owner of the engine's step, and of where each output goes.
+
+A step is one prefill batch or one decode/speculative round over the running requests. Every
+output a step produces is routed to its request's `RequestHandle`, whoever asked for the step:
+`generate()`, `stream()`, a handle's iterator, an async server task or a step-API caller. Steps
+are serialised by a lock, so threads or tasks may drive the engine concurrently.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from .handles import RequestHandle
+from .outputs import RequestOutput
+from .scheduler import Scheduler
+from .sequence import Sequence
+from .speculative import speculative_round
+
+log = logging.getLogger("dspine_engine")
+
+
+class LoopDriver:
+    def __init__(self, scheduler: Scheduler, runner, stats, has_draft: bool):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.stats = stats  # EngineStats, totals over the engine's life
+        self.has_draft = has_draft
+        self._lock = threading.Lock()
+        self._seqs: dict[str, Sequence] = {}  # unfinished requests
+        self._handles: dict[str, RequestHandle] = {}  # ids in use (unfinished or unread)
+        self._step_api: dict[str, RequestHandle] = {}  # handles read by step() (insertion order)
+
+    # ------------------------------------------------------------------ requests
+    def in_use(self, request_id: str) -> bool:
+        return request_id in self._handles
+
+    def add(self, seq: Sequence, step_api: bool = False,
+            queue_outputs: bool = True) -> RequestHandle:
+        """Queues a sequence (the scheduler may refuse it: KVCacheFullError). ``step_api``: its
+        outputs are returned by `step_api_outputs`; ``queue_outputs=False``: the handle only
+        collects the result (for `generate`)."""
+        with self._lock:
+            if seq.request_id in self._handles:
+                raise ValueError(f"request id {seq.request_id!r} is already in use")
+            self.scheduler.add(seq)
+            handle = RequestHandle(self, seq.request_id, seq.prompt, seq.stats, queue_outputs)
+            self._seqs[seq.request_id] = seq
+            self._handles[seq.request_id] = handle
+            if step_api:
+                self._step_api[seq.request_id] = handle
+            self.stats.requests += 1
+            return handle
+
+    def abort(self, request_id: str) -> bool:
+        """Stops a request; its pages go back at once and its handle gets the final output.
+        Returns False for an unknown or already finished id."""
+        with self._lock:
+            seq = self._seqs.get(request_id)
+            if seq is None:
+                return False
+            self.scheduler.finish(seq, "abort")
+            self._deliver(self._finished_output(seq, ""))
+            return True
+
+    def has_work(self) -> bool:
+        """Requests to run, or step-API outputs not yet returned by `step_api_outputs`."""
+        return self.scheduler.has_work() or any(h._pending for h in self._step_api.values())
+
+    # ------------------------------------------------------------------ driving
+    def advance(self, blocking: bool = True) -> bool:
+        """Runs one step if there is work. Returns False when it ran nothing (no work, or another
+        caller holds the step and ``blocking`` is False)."""
+        if not self._lock.acquire(blocking):
+            return False
+        try:
+            return self._step()
+        finally:
+            self._lock.release()
+
+    def advance_until(self, ready, request_id: str, blocking: bool = True) -> bool:
+        """One step on behalf of a consumer of ``request_id`` unless ``ready()`` already holds
+        (another caller's step may have made it so). Raises instead of looping forever if the
+        engine has nothing left to do while the consumer still waits. Returns False when
+        ``blocking`` is False and another caller holds the step."""
+        if ready():
+            return True
+        if not self._lock.acquire(blocking):
+            return False
+        try:
+            if not ready() and not self._step() and not ready():
+                raise RuntimeError(f"request {request_id!r} is waiting but the engine has no "
+                                   "work left (this is a bug)")
+            return True
+        finally:
+            self._lock.release()
+
+    def step_api_outputs(self) -> list[RequestOutput]:
+        """The outputs of step-API requests since the last call, one merged output each."""
+        outs = []
+        for rid, handle in list(self._step_api.items()):
+            out = handle.take()
+            if out is not None:
+                outs.append(out)
+            if handle.done:
+                del self._step_api[rid]
+                self._handles.pop(rid, None)
+        return outs
+
+    # ------------------------------------------------------------------ one step
+    def _step(self) -> bool:
+        t0 = time.perf_counter()
+        admitted = self.scheduler.admit()
+        batch = admitted or list(self.scheduler.running)
+        if not batch:
+            return False
+        try:
+            new_tokens = (self._prefill(admitted) if admitted
+                          else speculative_round(self.runner, batch, self.stats))
+        except Exception as e:  # a failed batch must not take the engine down
+            log.exception("step failed")
+            for s in batch:
+                self.scheduler.finish(s, "error", error=f"{type(e).__name__}: {e}")
+                self._deliver(self._finished_output(s, ""))
+            return True
+        self.stats.busy_seconds += time.perf_counter() - t0
+        for seq in batch:
+            self._deliver(self._emit(seq, new_tokens.get(seq.request_id, [])))
+        return True
+
+    def _prefill(self, seqs: list[Sequence]) -> dict[str, list[int]]:
+        logits, taps = self.runner.prefill(seqs)
+        temps, top_k, top_p, u = self.runner.sampling_inputs(seqs, 1)
+        _, out, _ = self.runner.verify_tokens(logits[:, None], None, None, None, temps, top_k,
+                                              top_p, u, seqs)
+        first = out[:, 0].tolist()
+        if self.has_draft:
+            self.runner.ingest_prompt_context(seqs, taps)
+        new = {}
+        for seq, tok in zip(seqs, first):
+            seq.num_cached = len(seq.prompt_ids)
+            new[seq.request_id] = seq.commit([tok])
+        return new
+
+    # ------------------------------------------------------------------ outputs
+    def _emit(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
+        text = seq.detok.add(tokens) if tokens and seq.detok is not None else ""
+        self.stats.new_tokens += len(tokens)
+        if seq.detok is not None and seq.detok.stopped_by is not None:
+            seq.finish_reason = "stop"
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq, seq.finish_reason)
+            return self._finished_output(seq, text, tokens)
+        return RequestOutput(seq.request_id, text, tokens, finished=False)
+
+    def _finished_output(self, seq: Sequence, text: str, tokens=()) -> RequestOutput:
+        if seq.detok is not None:
+            text += seq.detok.flush()
+        seq.stats.elapsed = time.perf_counter() - seq.t_admitted
+        self._seqs.pop(seq.request_id, None)
+        return RequestOutput(seq.request_id, text, list(tokens), finished=True,
+                             finish_reason=seq.finish_reason, error=seq.error, stats=seq.stats)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        handle = self._handles[out.request_id]
+        handle.put(out)
+        if out.finished and out.request_id not in self._step_api:
+            del self._handles[out.request_id]  # its consumer holds the handle; the id is free

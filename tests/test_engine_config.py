@@ -1,0 +1,125 @@
+"""EngineConfig, the one layer of input validation, and the context limits: every bad value is a
+clear ValueError before anything runs (each case below used to hang, divide by zero, be silently
+replaced, raise a raw TypeError/OverflowError, or read past the RoPE table)."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from dspine_engine import Engine, EngineConfig, SamplingParams
+from dspine_engine.engine.sampling import MIN_TEMPERATURE
+from dspine_engine.models.config import ModelConfigError
+from dspine_engine.train.data import prompt_ids
+from random_drafts import write_tiny_random_draft
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(max_num_seqs=0), "max_num_seqs"), (dict(max_num_seqs=-2), "max_num_seqs"),
+    (dict(max_num_seqs="4"), "max_num_seqs"), (dict(max_num_seqs=True), "max_num_seqs"),
+    (dict(page_size=0), "page_size"), (dict(page_size=2.5), "page_size"),
+    (dict(kv_cache_tokens=0), "kv_cache_tokens"), (dict(kv_cache_tokens=-16), "kv_cache_tokens"),
+    (dict(kv_cache_tokens=8, page_size=16), "less than one page"),
+    (dict(max_model_len=0), "max_model_len"), (dict(max_prefill_tokens=0), "max_prefill"),
+    (dict(cuda_graphs="yes"), "cuda_graphs"),
+])
+def test_bad_settings_are_refused_before_loading(tmp_path, bad, match):
+    with pytest.raises(ValueError, match=match):
+        Engine(tmp_path / "no-model-here", progress=False, **bad)  # fails before any loading
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**bad).validate()
+    with pytest.raises(ValueError, match="unknown engine setting"):
+        EngineConfig.from_kwargs(None, max_num_seq=4)
+
+
+def test_config_object_and_keywords(tiny_llama):
+    cfg = EngineConfig(max_num_seqs=3, page_size=8, kv_cache_tokens=512)
+    eng = Engine(tiny_llama, progress=False, config=cfg, page_size=32)  # keyword wins
+    assert (eng.config.max_num_seqs, eng.config.page_size) == (3, 32)
+    assert cfg.page_size == 8  # the caller's config is not modified
+    assert eng.target_kv.page_size == 32 and eng.target_kv.pool.num_pages == 16
+    assert eng.max_model_len == 512 and eng.block == 1
+    with pytest.raises(ValueError, match="exceeds the target's context"):
+        Engine(tiny_llama, progress=False, max_model_len=513)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        eng.max_num_seqs = 4  # above the configured limit
+    eng.max_num_seqs = 1
+    assert eng.generate(["a", "b"], SamplingParams(max_tokens=3))[1].finish_reason != "error"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_device_without_cuda(tiny_llama):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        Engine(tiny_llama, device="cuda", progress=False)
+    with pytest.raises(ValueError, match="unknown device"):
+        Engine(tiny_llama, device="tpu:x", progress=False)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(top_k=2**31), dict(top_k=49153), dict(temperature=1e-39), dict(temperature=1e-6),
+    dict(temperature=1e6), dict(seed=2**64), dict(seed=-1), dict(seed=1.5),
+    dict(stop_token_ids=5), dict(stop=5), dict(stop=[None]), dict(max_tokens=True),
+    dict(ignore_eos="no"), dict(detokenize=None), dict(top_p=True),
+])
+def test_sampling_params_refused_at_add_request(tiny_llama_engine, bad):
+    with pytest.raises(ValueError):
+        tiny_llama_engine.add_request("hi", SamplingParams(**bad))
+    assert not tiny_llama_engine.has_unfinished()
+
+
+def test_sampling_params_spellings(tiny_llama_engine):
+    p = SamplingParams(stop=None, stop_token_ids=(3, 4), seed=2**64 - 1)
+    p.validate(49152)
+    assert p.stop == [] and p.stop_token_ids == [3, 4]
+    assert tiny_llama_engine.generate("hi", p)[0].stats.seed == 2**64 - 1
+
+
+def test_smallest_temperature_samples_like_greedy(tiny_llama_engine):
+    """temperature ~1e-38 made 1/T denormal and sampled the last token id every time; the
+    smallest allowed temperature now behaves like greedy decoding, as it should."""
+    greedy = tiny_llama_engine.generate("Once upon", SamplingParams(max_tokens=8))[0]
+    tiny = tiny_llama_engine.generate("Once upon", SamplingParams(
+        max_tokens=8, temperature=MIN_TEMPERATURE, seed=3))[0]
+    assert tiny.token_ids == greedy.token_ids and 49151 not in tiny.token_ids
+
+
+def test_prompt_to_ids_one_way(tiny_llama, tmp_path):
+    """Engine and trainer turn prompts into the same ids, also on a model without a chat
+    template (the engine used to refuse chat messages there while the trainer joined them)."""
+    plain = tmp_path / "no_template"
+    shutil.copytree(tiny_llama, plain)
+    tc = json.loads((plain / "tokenizer_config.json").read_text())
+    tc.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(tc))
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Bye"}]
+    for model in (tiny_llama, plain):
+        eng = Engine(model, progress=False)
+        for prompt in (msgs, [5, 6, 7]):
+            assert eng.encode_prompt(prompt) == prompt_ids(eng.tokenizer, prompt)
+    assert eng.encode_prompt(msgs) == eng.tokenizer.encode("Hi\n\nHello\n\nBye")
+    assert eng.generate(msgs, SamplingParams(max_tokens=2))[0].finish_reason != "error"
+
+
+def test_draft_shorter_than_the_context_is_refused(tiny_llama, tmp_path):
+    draft = write_tiny_random_draft(tmp_path / "draft", seed=3)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["max_position_embeddings"] = 256  # the target reaches 512
+    (draft / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match="max_position_embeddings"):
+        Engine(tiny_llama, draft=draft, progress=False)
+    eng = Engine(tiny_llama, draft=draft, progress=False, max_model_len=256)
+    assert eng.generate("hi", SamplingParams(max_tokens=4))[0].finish_reason == "length"
+
+
+def test_verify_blocks_past_the_context_stay_in_the_rope_tables(tiny_llama, tmp_path):
+    """A request that fills the context runs its last verify block up to B-1 positions past
+    max_model_len (here the models' whole 512): the tables cover them, where the kernels used to
+    read past the tables (and now refuse to)."""
+    draft = write_tiny_random_draft(tmp_path / "draft", seed=4)
+    eng = Engine(tiny_llama, draft=draft, progress=False)
+    reach = eng.max_model_len + eng.block - 1
+    assert eng.max_model_len == 512
+    assert eng.target.cos_sin.shape[0] >= reach and eng.draft.bound["cos_sin"].shape[0] >= reach
+    res = eng.generate([list(range(5, 505))], SamplingParams(max_tokens=100, ignore_eos=True))[0]
+    assert res.finish_reason == "length" and len(res.token_ids) == 12, res.error
