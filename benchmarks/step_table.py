@@ -9,11 +9,13 @@ exactly the engine's. For each batch x context, `batch` sequences of `context` c
 (random K/V, pages allocated by the engine's scheduler) with 16 pending context rows each are
 timed through the engine's own calls, which replay its CUDA graphs on CUDA:
 
-- draft:        `ModelRunner.propose` (ingest the 16 context rows + block + transition walk);
-- verify:       `ModelRunner.verify` (the target forward of 16 tokens per sequence);
-- block verify: `ModelRunner.verify_tokens` (the block_verify op);
-- round:        `speculative_round` (all of the above, its one host sync and the bookkeeping).
-The "graph" numbers are the captured graphs replayed alone, without the per-round input copies.
+- prepare:      `ModelRunner.prepare_round` (stage the round's inputs: one copy per region);
+- draft:        `prepare_round` + `ModelRunner.propose` (the 16 context rows + block + walk);
+- verify:       `prepare_round` + `ModelRunner.verify` (target forward of 16 tokens per seq);
+- block verify: `ModelRunner.accept` (the block_verify op and the round's host sync);
+- round:        `speculative_round` (all of the above, the cache manager and the bookkeeping).
+The "graph" numbers are the captured graphs replayed alone, without staging the inputs; draft
+and verify each include the staging, as a round pays it once before both.
 
 Times: warm-up, then the median of N runs, each starting from an idle device (a round starts
 after the previous round's sync) and timed with CUDA events (perf_counter on the CPU).
@@ -42,8 +44,10 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, markdown_table, run_info, save_json  # noqa: E402
 
+from dspine_engine.engine.cache_manager import CacheManager, PagedKVSpec  # noqa: E402
+from dspine_engine.engine.cuda_graphs import graph_sizes  # noqa: E402
 from dspine_engine.engine.engine import EngineStats, resolve_device  # noqa: E402
-from dspine_engine.engine.kv_cache import KVCache, pages_for  # noqa: E402
+from dspine_engine.engine.kv_cache import pages_for  # noqa: E402
 from dspine_engine.engine.runner import ModelRunner  # noqa: E402
 from dspine_engine.engine.sampling import SamplingParams  # noqa: E402
 from dspine_engine.engine.scheduler import Scheduler  # noqa: E402
@@ -74,11 +78,12 @@ TINY_DRAFT = dict(num_layers=2, num_taps=3, intermediate_size=512, block_size=16
                   sliding_window=64, transition_rank=32)
 DEFAULTS = {False: ([1, 8, 32], [1024, 8192]), True: ([1, 4], [32, 128])}
 DEFINITIONS = {
-    "draft_ms": "ModelRunner.propose: 16 pending context rows + block + transition walk",
-    "verify_ms": "ModelRunner.verify: target forward of 16 tokens per sequence",
-    "*_graph_ms": "the captured CUDA graph replayed alone (no per-round input copies)",
-    "block_verify_ms": "ModelRunner.verify_tokens (the block_verify op), greedy",
-    "round_ms": "speculative_round: draft + verify + block_verify + its host sync and bookkeeping",
+    "prepare_ms": "ModelRunner.prepare_round: stage the round's inputs (one copy per region)",
+    "draft_ms": "prepare_round + ModelRunner.propose: 16 context rows + block + transition walk",
+    "verify_ms": "prepare_round + ModelRunner.verify: target forward of 16 tokens per sequence",
+    "*_graph_ms": "the captured CUDA graph replayed alone (inputs already staged)",
+    "block_verify_ms": "ModelRunner.accept: the block_verify op + the round's host sync, greedy",
+    "round_ms": "speculative_round: cache manager + draft + verify + accept + bookkeeping",
     "floor_ms": "(target + draft weight bytes) / copy bandwidth (read + write)",
     "floor_kv_ms": "(weight bytes + K/V bytes the round reads) / copy bandwidth",
     "timing": "median of iters; each run from an idle device; CUDA events (perf_counter on CPU)",
@@ -180,39 +185,38 @@ def kv_read_bytes(target: TargetModel, draft: DSpineDraft, batch: int, context: 
 
 class Batch:
     """`batch` running sequences of `context` cached tokens, as the engine holds them after a
-    round: pages from its scheduler, anchor at position `context`, 16 pending context rows."""
+    round: admitted by its scheduler (pages from its cache manager), anchor at position
+    `context`, 16 verified positions whose draft context is pending (random taps)."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, batch: int, context: int):
         self.runner, self.scheduler = runner, scheduler
         self.batch, self.context = batch, context
-        blk, vocab = runner.block, runner.target.config.vocab_size
-        self.anchors = torch.randint(0, vocab, (batch,)).tolist()
-        # The taps of the last round's committed tokens: random, like the cache they came from.
-        self.pending = torch.randn(batch, blk, runner.tap_dim, dtype=runner.target.dtype,
-                                   device=runner.device)
+        vocab = runner.target.config.vocab_size
+        self.anchors = torch.randint(0, vocab, (batch,)).numpy()
         self.seqs: list[Sequence] = []
+        self.seats = None
         self.place()
 
     def place(self) -> None:
-        """(Re)admits the sequences from scratch: a round moves them on, the next starts over."""
+        """(Re)admits the sequences from scratch: a round moves them on, the next starts over.
+        The state a prefill and a round would leave is set directly (no 8K-token prefill)."""
         self.clear()
         blk, ctx = self.runner.block, self.context
         for i in range(self.batch):
             params = SamplingParams(max_tokens=2 * blk, seed=i)  # greedy, the paper's setting
             self.scheduler.add(Sequence(f"s{i}", None, [0] * ctx, params, None, set()))
-        self.seqs = self.scheduler.admit()
+        self.seqs = self.scheduler.admit()  # pages for the context, in both caches
         assert len(self.seqs) == self.batch, "KV pool too small for the batch"
-        window = self.runner.window
-        for s, anchor in zip(self.seqs, self.anchors):
-            s.target_pages.ensure(ctx)
-            s.draft_pages.ensure(ctx, first_needed=max(0, ctx - window) if window else 0)
-            s.num_cached, s.output_ids = ctx, [anchor]
-        self.restore_pending()
-
-    def restore_pending(self) -> None:
-        """`propose` consumes the pending rows; each timed draft gets the same 16 back."""
-        for s, rows in zip(self.seqs, self.pending):
-            s.pending_taps = rows
+        self.scheduler.prefilled(self.seqs)
+        cache, runner = self.scheduler.cache, self.runner
+        self.seats = cache.seats_of(self.seqs)
+        cache.draft_len[self.seats] = ctx - blk  # the last block's context is pending
+        cache.pending[self.seats] = blk
+        runner._bind(self.seqs, self.seats)
+        runner._anchors[self.seats] = self.anchors
+        runner._taps[self.seats] = torch.randn_like(runner._taps[self.seats])
+        for s, anchor in zip(self.seqs, self.anchors.tolist()):
+            s.output_ids = [anchor]
 
     def clear(self) -> None:
         for s in self.seqs:
@@ -220,27 +224,25 @@ class Batch:
         self.seqs = []
 
 
-def kv_pools(target: TargetModel, draft: DSpineDraft, batch: int, context: int):
-    """KV caches holding `batch` sequences of `context` tokens + a round, filled with noise."""
+def cache_manager(target: TargetModel, draft: DSpineDraft, batch: int, context: int):
+    """A cache manager holding `batch` sequences of `context` tokens + a round; K/V are noise."""
     blk = draft.config.block_size
     pages = batch * pages_for(context + 4 * blk, PAGE)
     t, d = target.config, draft.config
-    pools = (KVCache(t.num_layers, pages, PAGE, t.num_kv_heads, t.head_dim, target.dtype,
-                     target.device),
-             KVCache(d.num_layers, pages, PAGE, d.num_kv_heads, d.head_dim, target.dtype,
-                     target.device))
-    for kv in pools:
-        for tensor in kv.k + kv.v:
+    cache = CacheManager(PagedKVSpec("target", t.num_layers, t.num_kv_heads, t.head_dim),
+                         PagedKVSpec("draft", d.num_layers, d.num_kv_heads, d.head_dim,
+                                     window=d.sliding_window or 0),
+                         pages, PAGE, batch, context + 2 * blk, blk, target.dtype, target.device)
+    for c in cache.caches:
+        for tensor in c.kv.k + c.kv.v:
             tensor.normal_()
-    return pools
+    return cache
 
 
 def attach_graphs(runner: ModelRunner, max_batch: int) -> bool:
     """Captures the engine's CUDA graphs; like the engine, falls back to eager on failure."""
-    from dspine_engine.engine.cuda_graphs import CudaGraphRunner
-
     try:
-        runner.graphs = CudaGraphRunner(runner, max_batch, progress=True)
+        runner.capture_graphs(graph_sizes(max_batch), progress=True)
         return True
     except Exception:
         log.warning("CUDA graph capture failed; timing the eager forwards", exc_info=True)
@@ -284,16 +286,12 @@ def time_ms(fn, device, iters: int, warmup: int, prep=None) -> float:
 
 
 def graph_replay(runner: ModelRunner, kind: str, batch: int):
-    """The captured graph of `kind` ("verify" / "draft") at this batch, to replay without the
-    per-round input copies; None when running eagerly. Reaches into CudaGraphRunner's
-    internals, so it gives up quietly if they change."""
+    """The captured graph of `kind` ("verify" / "draft") at this batch, to replay without
+    staging its inputs; None when running eagerly."""
     g = runner.graphs
     if g is None or not g.fits(batch):
         return None
-    try:
-        return getattr(g, f"_{kind}_graphs")[g._padded(batch)][0].replay
-    except (AttributeError, KeyError, IndexError):
-        return None
+    return g.graph(kind, g.padded(batch)).replay
 
 
 def measure_bandwidth(device) -> dict:
@@ -323,29 +321,27 @@ def measure_bandwidth(device) -> dict:
 
 def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context: int,
                  iters: int, warmup: int) -> dict:
-    dev, blk = runner.device, runner.block
+    dev = runner.device
     b = Batch(runner, scheduler, batch, context)
     timed = lambda fn, prep=None: time_ms(fn, dev, iters, warmup, prep)  # noqa: E731
-    temps, top_k, top_p, u = runner.sampling_inputs(b.seqs, 2 * blk - 1)
-    walk_u = u[:, :blk - 1].to(dev)
     row = {"batch": batch, "context": context}
+    scheduler.prepare_round(b.seqs)  # pages for the block (a round does this first)
 
-    row["draft_ms"] = timed(lambda: runner.propose(b.seqs, temps, walk_u), b.restore_pending)
-    b.restore_pending()
-    drafts, cand_ids, cand_probs = (t.clone() for t in runner.propose(b.seqs, temps, walk_u))
+    def stage():
+        runner.prepare_round(b.seqs, b.seats)
+
+    row["prepare_ms"] = timed(stage)
+    row["draft_ms"] = timed(lambda: (stage(), runner.propose()))
     replay = graph_replay(runner, "draft", batch)
     row["draft_graph_ms"] = timed(replay) if replay else None
-
-    row["verify_ms"] = timed(lambda: runner.verify(b.seqs, drafts))
+    row["verify_ms"] = timed(lambda: (stage(), runner.verify()))
     replay = graph_replay(runner, "verify", batch)
     row["verify_graph_ms"] = timed(replay) if replay else None
-    logits, _ = runner.verify(b.seqs, drafts)
+    row["block_verify_ms"] = timed(runner.accept)
 
-    row["block_verify_ms"] = timed(lambda: runner.verify_tokens(
-        logits, drafts, cand_ids, cand_probs, temps, top_k, top_p, u[:, blk - 1:], b.seqs))
-
-    stats = EngineStats(accepted_by_position=[0] * (blk - 1))
-    row["round_ms"] = timed(lambda: speculative_round(runner, b.seqs, stats), b.place)
+    stats = EngineStats(accepted_by_position=[0] * (runner.block - 1))
+    row["round_ms"] = timed(lambda: speculative_round(runner, scheduler, b.seqs, stats),
+                            b.place)
     b.clear()
     return row
 
@@ -383,10 +379,12 @@ def markdown(result: dict) -> str:
             f"Copy bandwidth {result['ceilings']['copy_GBps']:.0f} GB/s (read + write); floor = "
             f"(target + draft weight bytes) / bandwidth; +KV adds the K/V a round reads. "
             f"Draft / verify: the engine's runner calls (graph replay alone in parentheses).", ""]
-    header = ["batch", "context", "draft ms (graph)", "verify ms (graph)", "block verify ms",
+    header = ["batch", "context", "prepare ms", "draft ms (graph)", "verify ms (graph)",
+              "block verify ms",
               "round ms", "verify % of round", "floor ms", "round / floor", "floor+KV ms",
               "round / floor+KV"]
-    rows = [[r["batch"], r["context"], _ms(r["draft_ms"], r["draft_graph_ms"]),
+    rows = [[r["batch"], r["context"], _ms(r.get("prepare_ms")),
+             _ms(r["draft_ms"], r["draft_graph_ms"]),
              _ms(r["verify_ms"], r["verify_graph_ms"]), _ms(r["block_verify_ms"]),
              _ms(r["round_ms"]), f"{100 * r['verify_share']:.0f}", _ms(r["floor_ms"]),
              f"{r['round_over_floor']:.2f}", _ms(r["floor_kv_ms"]),
@@ -441,11 +439,11 @@ def setup(args, device):
     target = build_target(TINY_TARGET if args.tiny else QWEN3_8B, device, dtype)
     draft = build_draft(target, TINY_DRAFT if args.tiny else DSPINE_5L)
     max_b, max_ctx = max(args.batches), max(args.contexts)
-    target_kv, draft_kv = kv_pools(target, draft, max_b, max_ctx)
-    runner = ModelRunner(target, draft, target_kv, draft_kv)
-    scheduler = Scheduler(target_kv, draft_kv, runner.block, runner.window, max_b,
-                          max_b * max_ctx)
-    graphs = device.type == "cuda" and not args.eager and attach_graphs(runner, max_b)
+    cache = cache_manager(target, draft, max_b, max_ctx)
+    sizes = graph_sizes(max_b) if device.type == "cuda" and not args.eager else []
+    runner = ModelRunner(target, draft, cache, max([max_b] + sizes))
+    scheduler = Scheduler(cache, max_b, max_b * max_ctx)
+    graphs = bool(sizes) and attach_graphs(runner, max_b)
     return runner, scheduler, graphs
 
 

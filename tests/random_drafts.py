@@ -22,10 +22,12 @@ def write_random_draft(path, **kw):
     return path
 
 
-def write_tiny_random_draft(path, seed: int):
+def write_tiny_random_draft(path, seed: int, **kw):
     """A one-layer random draft that fits the `tiny_llama` test target (hidden 64, 3 layers)."""
-    cfg = DraftConfig(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
-                      intermediate_size=96, vocab_size=49152, target_layer_ids=[0, 2],
-                      max_position_embeddings=512, transition_rank=8)
+    base = dict(hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                intermediate_size=96, vocab_size=49152, target_layer_ids=[0, 2],
+                max_position_embeddings=512, transition_rank=8)
+    base.update(kw)
+    cfg = DraftConfig(**base)
     DSpineDraft(cfg).init_weights(seed).save(path, torch.float32)
     return path

@@ -55,6 +55,20 @@ def one_split_engine(smollm2_dir, draft_dir):
             os.environ["DSPINE_ATTN_SPLITS"] = old
 
 
+@pytest.fixture(scope="module")
+def ar_engine(smollm2_dir):
+    """Autoregressive, graphs up to batch 512 (the training-data generator's shape)."""
+    old = os.environ.get("DSPINE_ATTN_SPLITS")
+    os.environ["DSPINE_ATTN_SPLITS"] = "1"
+    try:
+        return Engine(smollm2_dir, device="cuda", max_num_seqs=512, progress=False)
+    finally:
+        if old is None:
+            del os.environ["DSPINE_ATTN_SPLITS"]
+        else:
+            os.environ["DSPINE_ATTN_SPLITS"] = old
+
+
 def _running_after_rounds(engine, prompts, rounds: int):
     for p in prompts:
         engine.add_request(p, SamplingParams(max_tokens=96, ignore_eos=True))
@@ -70,29 +84,41 @@ def _abort_all(engine, seqs):
     engine.step()
 
 
+def _prepared(engine, seqs):
+    """Stages one round (pages from the scheduler, inputs into the runner's buffers)."""
+    seats = engine.scheduler.prepare_round(seqs)
+    engine.runner.prepare_round(seqs, seats)
+    return seats
+
+
+def _draft_outputs(runner, b):
+    inp = runner.inputs
+    return [t[:b].clone() for t in (inp.drafts, inp.cand_ids, inp.cand_probs)]
+
+
 @pytest.mark.parametrize("batch", [1, 3, 8, 17, 32])
 def test_graph_replay_matches_eager(one_split_engine, real_prompts, batch, monkeypatch):
-    """The captured draft and verify forwards (padded to the next graph size) give what the
-    eager forwards give on the same state."""
+    """From the same prepared tensors (padded to the next graph size), the captured draft and
+    verify forwards give what the eager forwards give."""
     monkeypatch.setenv("DSPINE_ATTN_SPLITS", "1")
     eng, runner = one_split_engine, one_split_engine.runner
     assert runner.graphs is not None and runner.graphs.fits(batch)
-    prompts = (real_prompts * 2)[:batch]
-    seqs = _running_after_rounds(eng, prompts, rounds=2)
+    seqs = _running_after_rounds(eng, (real_prompts * 2)[:batch], rounds=2)
     assert len(seqs) == batch
     try:
-        pending = [s.pending_taps.clone() for s in seqs]
-        temps, _, _, u = runner.sampling_inputs(seqs, 2 * runner.block - 1)
-        walk_u = u[:, :runner.block - 1].to(runner.device)
+        seats = _prepared(eng, seqs)
         graphs = runner.graphs
-        got = [t.clone() for t in runner.propose(seqs, temps, walk_u)]
-        logits_g, taps_g = (t.clone() for t in runner.verify(seqs, got[0]))
-        for s, p in zip(seqs, pending):
-            s.pending_taps = p
-        runner.graphs = None
+        runner.propose()
+        got = _draft_outputs(runner, batch)
+        logits_g = runner.verify().clone()
+        taps_g = runner._taps[seats].clone()
+        runner.graphs = None  # the eager bodies, on the very same staged inputs
         try:
-            want = runner.propose(seqs, temps, walk_u)
-            logits_e, taps_e = runner.verify(seqs, got[0])
+            runner.propose()
+            want = _draft_outputs(runner, batch)
+            runner.inputs.drafts[:batch].copy_(got[0])  # verify the same drafts
+            logits_e = runner.verify()
+            taps_e = runner._taps[seats]
         finally:
             runner.graphs = graphs
         assert torch.isfinite(logits_g).all() and torch.isfinite(got[2]).all()
@@ -107,6 +133,40 @@ def test_graph_replay_matches_eager(one_split_engine, real_prompts, batch, monke
         _abort_all(eng, seqs)
 
 
+@pytest.mark.parametrize("batch", [300, 512])
+def test_autoregressive_graphs_up_to_512(ar_engine, real_prompts, batch, monkeypatch):
+    """The autoregressive path captures graphs up to batch 512; a replay equals the eager
+    forward on the same staged inputs, and greedy tokens agree."""
+    monkeypatch.setenv("DSPINE_ATTN_SPLITS", "1")
+    eng, runner = ar_engine, ar_engine.runner
+    assert runner.graphs is not None and runner.graphs.sizes[-1] == 512
+    seqs = _running_after_rounds(eng, (real_prompts * 26)[:batch], rounds=3)
+    assert len(seqs) == batch
+    try:
+        _prepared(eng, seqs)
+        graphs = runner.graphs
+        logits_g = runner.verify().clone()
+        runner.graphs = None
+        try:
+            logits_e = runner.verify()
+        finally:
+            runner.graphs = graphs
+        assert torch.isfinite(logits_g).all()
+        torch.testing.assert_close(logits_g.float(), logits_e.float(), atol=0.15, rtol=0.02)
+        agree = (logits_g.argmax(-1) == logits_e.argmax(-1)).float().mean().item()
+        assert agree >= 0.97
+    finally:
+        _abort_all(eng, seqs)
+
+
+def test_autoregressive_batch_512_completes(ar_engine, real_prompts):
+    """512 requests, token ids only (the data generator): all complete, pools come back."""
+    params = SamplingParams(max_tokens=32, ignore_eos=True, detokenize=False)
+    res = ar_engine.generate((real_prompts * 26)[:512], params)
+    assert all(r.finish_reason == "length" and len(r.token_ids) == 32 for r in res)
+    assert ar_engine.target_kv.pool.available == ar_engine.target_kv.pool.num_pages
+
+
 @pytest.mark.parametrize("batch", [1, 8, 32])
 def test_drafts_survive_the_verify_replay(spec_engine, real_prompts, batch):
     """A round reads its drafts (and candidates) after the verify replay; all graphs share one
@@ -114,11 +174,11 @@ def test_drafts_survive_the_verify_replay(spec_engine, real_prompts, batch):
     eng, runner = spec_engine, spec_engine.runner
     seqs = _running_after_rounds(eng, (real_prompts * 2)[:batch], rounds=1)
     try:
-        temps, _, _, u = runner.sampling_inputs(seqs, 2 * runner.block - 1)
-        drafts = runner.propose(seqs, temps, u[:, :runner.block - 1].to(runner.device))
-        kept = [t.clone() for t in drafts]
-        runner.verify(seqs, drafts[0])
-        for now, before in zip(drafts, kept):
+        _prepared(eng, seqs)
+        runner.propose()
+        kept = _draft_outputs(runner, batch)
+        runner.verify()
+        for now, before in zip(_draft_outputs(runner, batch), kept):
             assert torch.equal(now, before)
     finally:
         _abort_all(eng, seqs)

@@ -13,6 +13,7 @@ import time
 
 from .handles import RequestHandle
 from .outputs import RequestOutput
+from .cache_manager import CacheManager
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .speculative import speculative_round
@@ -116,7 +117,7 @@ class LoopDriver:
             return False
         try:
             new_tokens = (self._prefill(admitted) if admitted
-                          else speculative_round(self.runner, batch, self.stats))
+                          else speculative_round(self.runner, self.scheduler, batch, self.stats))
         except Exception as e:  # a failed batch must not take the engine down
             log.exception("step failed")
             for s in batch:
@@ -125,33 +126,32 @@ class LoopDriver:
             return True
         self.stats.busy_seconds += time.perf_counter() - t0
         for seq in batch:
-            self._deliver(self._emit(seq, new_tokens.get(seq.request_id, [])))
+            self._emit(seq, new_tokens.get(seq.request_id, []))
         return True
 
     def _prefill(self, seqs: list[Sequence]) -> dict[str, list[int]]:
-        logits, taps = self.runner.prefill(seqs)
-        temps, top_k, top_p, u = self.runner.sampling_inputs(seqs, 1)
-        _, out, _ = self.runner.verify_tokens(logits[:, None], None, None, None, temps, top_k,
-                                              top_p, u, seqs)
-        first = out[:, 0].tolist()
+        seats = CacheManager.seats_of(seqs)
+        logits, taps = self.runner.prefill(seqs, seats)
+        first = self.runner.sample_prefill(seqs, seats, logits).tolist()
         if self.has_draft:
-            self.runner.ingest_prompt_context(seqs, taps)
-        new = {}
-        for seq, tok in zip(seqs, first):
-            seq.num_cached = len(seq.prompt_ids)
-            new[seq.request_id] = seq.commit([tok])
-        return new
+            self.runner.ingest_prompt_context(seqs, seats, taps)
+        self.scheduler.prefilled(seqs)
+        return {seq.request_id: seq.commit([tok]) for seq, tok in zip(seqs, first)}
 
     # ------------------------------------------------------------------ outputs
-    def _emit(self, seq: Sequence, tokens: list[int]) -> RequestOutput:
+    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
         text = seq.detok.add(tokens) if tokens and seq.detok is not None else ""
         self.stats.new_tokens += len(tokens)
         if seq.detok is not None and seq.detok.stopped_by is not None:
             seq.finish_reason = "stop"
+        handle = self._handles[seq.request_id]
         if seq.finish_reason is not None:
             self.scheduler.finish(seq, seq.finish_reason)
-            return self._finished_output(seq, text, tokens)
-        return RequestOutput(seq.request_id, text, tokens, finished=False)
+            self._deliver(self._finished_output(seq, text, tokens))
+        elif handle.wants_deltas:
+            handle.put(RequestOutput(seq.request_id, text, tokens, finished=False))
+        else:
+            handle.collect(text, tokens)  # generate(): no per-step output object
 
     def _finished_output(self, seq: Sequence, text: str, tokens=()) -> RequestOutput:
         if seq.detok is not None:

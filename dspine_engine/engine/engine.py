@@ -27,7 +27,9 @@ from ..models.config import TargetConfig
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from ..models.tokenizer import Tokenizer
+from .cache_manager import CacheManager, PagedKVSpec
 from .config import EngineConfig
+from .cuda_graphs import graph_sizes
 from .detokenizer import IncrementalDetokenizer
 from .driver import LoopDriver
 from .handles import RequestHandle
@@ -168,13 +170,15 @@ class Engine:
             self.draft.bind(self.target.embed, self.target.lm_head, cfg,
                             self.target.lm_head_dense, max_positions=self.config.max_position)
         self.eos_ids = self.tokenizer.eos_token_ids | set(cfg.eos_token_ids)
-        self._build_caches()
         c = self.config
-        self.scheduler = Scheduler(self.target_kv, self.draft_kv, c.block_size, c.draft_window,
-                                   c.max_num_seqs, c.max_prefill_tokens)
-        self.runner = ModelRunner(self.target, self.draft, self.target_kv, self.draft_kv)
-        if c.cuda_graphs and self.device.type == "cuda":
-            self._capture_graphs(c.max_num_seqs, progress)
+        self.cache = self._build_cache_manager()
+        self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_prefill_tokens)
+        use_graphs = c.cuda_graphs and self.device.type == "cuda"
+        sizes = graph_sizes(c.max_num_seqs) if use_graphs else []
+        self.runner = ModelRunner(self.target, self.draft, self.cache,
+                                  max_batch=max([c.max_num_seqs] + sizes))
+        if use_graphs:
+            self._capture_graphs(sizes, progress)
         self._driver = LoopDriver(self.scheduler, self.runner, EngineStats(),
                                   has_draft=self.draft is not None)
         self.reset_stats()
@@ -212,28 +216,35 @@ class Engine:
         self._driver.stats = EngineStats(accepted_by_position=[0] * (self.block - 1))
 
     # ------------------------------------------------------------------ setup
-    def _capture_graphs(self, max_num_seqs: int, progress: bool) -> None:
-        from .cuda_graphs import CudaGraphRunner
-
+    def _capture_graphs(self, sizes: list[int], progress: bool) -> None:
         try:
-            self.runner.graphs = CudaGraphRunner(self.runner, max_num_seqs, progress=progress)
+            self.runner.capture_graphs(sizes, progress)
         except Exception:  # a capture failure costs speed, never correctness
             log.warning("CUDA graph capture failed; running the forwards eagerly",
                         exc_info=True)
             self.runner.graphs = None
             torch.cuda.synchronize(self.device)
 
-    def _build_caches(self) -> None:
-        cfg, page_size = self.target.config, self.config.page_size
-        kv_tokens = self.config.kv_cache_tokens or self._default_kv_tokens(page_size)
-        num_pages = max(1, kv_tokens // page_size)
-        self.target_kv = KVCache(cfg.num_layers, num_pages, page_size, cfg.num_kv_heads,
-                                 cfg.head_dim, self.dtype, self.device)
-        self.draft_kv = None
+    def _build_cache_manager(self) -> CacheManager:
+        cfg, c = self.target.config, self.config
+        target = PagedKVSpec("target", cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        draft = None
         if self.draft is not None:
             d = self.draft.config
-            self.draft_kv = KVCache(d.num_layers, num_pages, page_size, d.num_kv_heads,
-                                    d.head_dim, self.dtype, self.device)
+            draft = PagedKVSpec("draft", d.num_layers, d.num_kv_heads, d.head_dim,
+                                window=c.draft_window)
+        kv_tokens = c.kv_cache_tokens or self._default_kv_tokens(c.page_size)
+        return CacheManager(target, draft, max(1, kv_tokens // c.page_size), c.page_size,
+                            c.max_num_seqs, c.max_position, c.block_size, self.dtype,
+                            self.device)
+
+    @property
+    def target_kv(self) -> KVCache:
+        return self.cache.target.kv
+
+    @property
+    def draft_kv(self) -> KVCache | None:
+        return self.cache.draft.kv if self.cache.draft is not None else None
 
     def _default_kv_tokens(self, page_size: int) -> int:
         if self.device.type != "cuda":

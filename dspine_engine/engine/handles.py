@@ -34,13 +34,23 @@ class RequestHandle:
         self.final: RequestOutput | None = None  # the finished output, once there is one
 
     # ------------------------------------------------------------------ fed by the driver
+    @property
+    def wants_deltas(self) -> bool:
+        """Whether each step's output is queued (False: only the result is kept)."""
+        return self._queue_outputs
+
     def put(self, out: RequestOutput) -> None:
-        self._text.append(out.new_text)
-        self._token_ids.extend(out.new_token_ids)
+        self.collect(out.new_text, out.new_token_ids)
         if out.finished:
             self.final = out
         if self._queue_outputs:
             self._pending.append(out)
+
+    def collect(self, text: str, token_ids: list[int]) -> None:
+        """Adds a step's news to the result only."""
+        if text:
+            self._text.append(text)
+        self._token_ids.extend(token_ids)
 
     # ------------------------------------------------------------------ state
     @property

@@ -1,206 +1,256 @@
-"""Turns scheduled sequences into model inputs and runs the forwards.
+"""The model runner: prepares a round's device inputs once and runs the forwards from them.
 
-The runner owns the models and their KV caches. It builds the int32 metadata on the host (it
-follows from host-side lengths, known without touching the device) and ships it in one copy per
-tensor. On CUDA, the verify and draft forwards replay captured CUDA graphs when the batch fits
-one (cuda_graphs.py); otherwise they run eagerly through the same code.
+`prepare_round(seqs, seats)` writes the round's per-sequence scalars into persistent buffers
+(round_inputs.py: one host-to-device copy per region). The draft and verify forwards read only
+those buffers, the cache manager's block-table mirrors and the KV caches, and derive positions,
+slots and lengths on the device; so the same prepared tensors feed a CUDA-graph replay (the batch
+padded to a captured size) or an eager run, and capture lives here (`capture_graphs`). The draft
+context of the previous round's committed positions never leaves the device: the verify forward
+stores its tapped hidden states per seat and the next draft forward reads them from there.
+
+Prefill (whole prompts, once per request) is variable-length and runs eagerly from inputs built
+on the host.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import numpy as np
 import torch
 
 from .. import ops
 from ..models.attention_meta import AttnMeta
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
-from .kv_cache import KVCache, SequencePages
+from .cache_manager import CacheManager, PagedCache
+from .round_inputs import RoundInputs
 from .sequence import Sequence
 
 
-@dataclass
-class BlockInputs:
-    """Host-side description of one round's blocks (B tokens per sequence at its anchor)."""
-
-    positions: list[int]
-    slots: list[int]
-    tables: list[list[int]]
-    kv_lens: list[int]
-
-
-@dataclass
-class DraftInputs:
-    """Host-side inputs of a draft forward besides the block: the pending context rows."""
-
-    anchors: list[int]
-    ctx_positions: list[int]
-    ctx_slots: list[int]
-    pending: list[torch.Tensor | None]  # per sequence, [n_i, taps] on the device
-
-
 class ModelRunner:
-    def __init__(self, target: TargetModel, draft: DSpineDraft | None, target_kv: KVCache,
-                 draft_kv: KVCache | None):
-        self.target = target
-        self.draft = draft
-        self.target_kv = target_kv
-        self.draft_kv = draft_kv
+    def __init__(self, target: TargetModel, draft: DSpineDraft | None, cache: CacheManager,
+                 max_batch: int):
+        self.target, self.draft, self.cache = target, draft, cache
         self.device = target.device
-        self.block = draft.config.block_size if draft is not None else 1
+        self.block = cache.block
         self.taps = tuple(draft.config.target_layer_ids) if draft is not None else ()
         self.tap_dim = len(self.taps) * target.config.hidden_size
-        self.window = (draft.config.sliding_window or 0) if draft is not None else 0
-        self.graphs = None  # a CudaGraphRunner, attached by the engine on CUDA
+        top_k = draft.config.transition_top_k if draft is not None else 1
+        self.inputs = RoundInputs(max_batch, self.block, top_k, self.device)
+        seats = cache.max_seats + 1
+        # Sampling parameters per seat, set when a request is prefilled.
+        self._temps = np.zeros(seats, np.float32)
+        self._top_k = np.zeros(seats, np.int32)
+        self._top_p = np.ones(seats, np.float32)
+        self._sampled = np.zeros(seats, bool)
+        self._anchors = np.zeros(seats, np.int64)  # each seat's last committed token
+        self._taps = (torch.zeros(seats, self.block, self.tap_dim, dtype=target.dtype,
+                                  device=self.device) if draft is not None else None)
+        self.graphs = None  # a GraphSet once capture_graphs ran
+        self._b = self._n = self._width = 0
+        self._use_graph = False
+        self._logits = None
 
     # ----------------------------------------------------------------- host -> device
-    def ints(self, values, dtype=torch.int32) -> torch.Tensor:
+    def _ints(self, values, dtype=torch.int32) -> torch.Tensor:
         t = torch.as_tensor(values, dtype=dtype)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
+        return t.to(self.device, non_blocking=True) if self.device.type == "cuda" else t
 
-    @staticmethod
-    def padded_tables(pages: list[list[int]], width: int | None = None) -> list[list[int]]:
-        width = width or max(1, max(len(p) for p in pages))
-        return [p + [0] * (width - len(p)) for p in pages]
-
-    @staticmethod
-    def _slots(pages: SequencePages, start: int, stop: int) -> list[int]:
-        return [pages.slot(i) for i in range(start, stop)]
-
-    def meta(self, inp: BlockInputs, causal: bool) -> AttnMeta:
-        blk = self.block
-        cu = list(range(0, blk * len(inp.kv_lens) + 1, blk))
-        return AttnMeta(self.ints(inp.positions), self.ints(inp.slots),
-                        self.ints(self.padded_tables(inp.tables)), self.ints(inp.kv_lens),
-                        self.ints(cu), blk, causal=causal)
+    def _bind(self, seqs: list[Sequence], seats: np.ndarray) -> None:
+        for s, seat in zip(seqs, seats):
+            p = s.params
+            self._temps[seat], self._top_k[seat], self._top_p[seat] = (p.temperature, p.top_k,
+                                                                       p.top_p)
+            self._sampled[seat] = not p.greedy
 
     # ----------------------------------------------------------------- prefill
-    def prefill(self, seqs: list[Sequence]):
+    def prefill(self, seqs: list[Sequence], seats: np.ndarray | None = None):
         """Whole prompts at once. Returns last-position logits [b, V] and the taps [N, T*H]."""
+        seats = CacheManager.seats_of(seqs) if seats is None else seats
+        self._bind(seqs, seats)
         lens = [len(s.prompt_ids) for s in seqs]
-        tokens, positions, slots = [], [], []
-        for s, n in zip(seqs, lens):
-            s.target_pages.ensure(n)
-            tokens += s.prompt_ids
-            positions += range(n)
-            slots += self._slots(s.target_pages, 0, n)
-        cu = [0]
-        for n in lens:
-            cu.append(cu[-1] + n)
-        meta = AttnMeta(self.ints(positions), self.ints(slots),
-                        self.ints(self.padded_tables([s.target_pages.table for s in seqs])),
-                        self.ints(lens), self.ints(cu), max(lens), causal=True)
-        last_rows = self.ints([c - 1 for c in cu[1:]], torch.long)
-        return self.target.forward(self.ints(tokens, torch.long), meta, self.target_kv.k,
+        tokens = [t for s in seqs for t in s.prompt_ids]
+        positions = np.concatenate([np.arange(n, dtype=np.int32) for n in lens])
+        slots = np.concatenate([self.cache.target.slots(int(seat), np.arange(n))
+                                for seat, n in zip(seats, lens)]).astype(np.int32)
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        width = -(-max(lens) // self.cache.page_size)
+        meta = AttnMeta(self._ints(positions), self._ints(slots),
+                        self._tables(self.cache.target, self._ints(seats), width),
+                        self._ints(lens), self._ints(cu), max(lens), causal=True)
+        last_rows = self._ints(cu[1:] - 1, torch.long)
+        return self.target.forward(self._ints(tokens, torch.long), meta, self.target_kv.k,
                                    self.target_kv.v, logit_rows=last_rows, tap_layers=self.taps)
 
-    def ingest_prompt_context(self, seqs: list[Sequence], taps: torch.Tensor) -> None:
+    def sample_prefill(self, seqs: list[Sequence], seats: np.ndarray, logits) -> np.ndarray:
+        """Each prompt's first token from its last-position logits (the verifier with a block
+        of one token is the sampler). Host sync."""
+        b, inp = len(seqs), self.inputs
+        self._stage_sampling(seqs, seats, b, b, width=1)
+        inp.upload()
+        d = inp.dev
+        _, out, _ = ops.block_verify(logits[:, None], inp.drafts[:b, :0], inp.cand_ids[:b, :0],
+                                     inp.cand_probs[:b, :0], d["temps"][:b], d["top_k"][:b],
+                                     d["top_p"][:b], d["verify_u"][:b, :1].contiguous(),
+                                     d["base"][:b])
+        first = out[:, 0].cpu().numpy()
+        self._anchors[seats] = first
+        return first
+
+    def ingest_prompt_context(self, seqs: list[Sequence], seats: np.ndarray, taps) -> None:
         """Writes the draft context of every prompt position a future query can see."""
-        rows, positions, slots, offset = [], [], [], 0
-        for s in seqs:
+        spec, rows, positions, slots, offset = self.cache.draft.spec, [], [], [], 0
+        for s, seat in zip(seqs, seats):
             n = len(s.prompt_ids)
-            first = max(0, n - self.window) if self.window else 0
-            s.draft_pages.ensure(n, first_needed=first)
-            rows += range(offset + first, offset + n)
-            positions += range(first, n)
-            slots += self._slots(s.draft_pages, first, n)
+            pos = np.arange(int(spec.first_needed(n)), n)
+            rows.append(offset + pos)
+            positions.append(pos)
+            slots.append(self.cache.draft.slots(int(seat), pos))
             offset += n
-        self.draft.ingest_context(taps[self.ints(rows, torch.long)], self.ints(positions),
-                                  self.ints(slots), self.draft_kv.k, self.draft_kv.v)
+        self.draft.ingest_context(taps[self._ints(np.concatenate(rows), torch.long)],
+                                  self._ints(np.concatenate(positions).astype(np.int32)),
+                                  self._ints(np.concatenate(slots).astype(np.int32)),
+                                  self.draft_kv.k, self.draft_kv.v)
 
-    # ----------------------------------------------------------------- round inputs
-    def block_inputs(self, seqs: list[Sequence], pages_of, causal: bool) -> BlockInputs:
-        """Blocks of `self.block` tokens per sequence at the anchor; allocates their pages."""
-        blk = self.block
-        inp = BlockInputs([], [], [], [])
-        for s in seqs:
-            p = s.num_cached
-            pages = pages_of(s)
-            first = max(0, p - self.window + 1) if (self.window and not causal) else 0
-            pages.ensure(p + blk, first_needed=first)
-            inp.positions += range(p, p + blk)
-            inp.slots += self._slots(pages, p, p + blk)
-            inp.tables.append(pages.table)
-            inp.kv_lens.append(p + blk)
-        return inp
+    # ----------------------------------------------------------------- a round
+    def prepare_round(self, seqs: list[Sequence], seats: np.ndarray) -> None:
+        """Stages every input of this round's draft and verify forwards (one copy per region):
+        padded to a captured graph's size when one fits, else exactly the batch."""
+        b = len(seqs)
+        self._use_graph = self.graphs is not None and self.graphs.fits(b)
+        n = self.graphs.padded(b) if self._use_graph else b
+        base = self.cache.kv_len[seats]
+        h = self.inputs.host
+        h["seats"][:b] = seats
+        h["base"][:b] = base
+        h["pending"][:b] = self.cache.pending[seats]
+        h["anchors"][:b] = self._anchors[seats]
+        self._stage_sampling(seqs, seats, b, n, width=2 * self.block - 1)
+        self.inputs.fill_rows(b, n, self.cache.padding_seat)
+        self.inputs.upload()
+        full = self.cache.target.max_pages
+        self._width = full if self._use_graph else -(-int(base.max() + self.block)
+                                                      // self.cache.page_size)
+        self._b, self._n = b, n
 
-    def draft_inputs(self, seqs: list[Sequence]) -> DraftInputs:
-        """The pending context of each sequence (its last round's committed positions)."""
-        blk = self.block
-        inp = DraftInputs([s.anchor for s in seqs], [], [], [])
-        for s in seqs:
-            n = 0 if s.pending_taps is None else s.pending_taps.shape[0]
-            start = s.num_cached - n
-            inp.ctx_positions += list(range(start, s.num_cached)) + [0] * (blk - n)
-            inp.ctx_slots += self._slots(s.draft_pages, start, s.num_cached) + [-1] * (blk - n)
-            inp.pending.append(s.pending_taps)
-            s.pending_taps = None
-        return inp
+    def _stage_sampling(self, seqs, seats: np.ndarray, b: int, n: int, width: int) -> None:
+        h, blk = self.inputs.host, self.block
+        h["temps"][:b] = self._temps[seats]
+        h["top_k"][:b] = self._top_k[seats]
+        h["top_p"][:b] = self._top_p[seats]
+        for i in np.nonzero(self._sampled[seats])[0]:  # greedy rows need no uniforms
+            u = seqs[i].rng.uniforms(width).numpy()
+            if width == 1:
+                h["verify_u"][i, 0] = u[0]
+            else:
+                h["walk_u"][i] = u[:blk - 1]
+                h["verify_u"][i] = u[blk - 1:]
 
-    def gather_context(self, pending: list, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Stacks the pending rows into ``[b*B, taps]`` (zero rows are padding)."""
-        blk = self.block
-        if out is None:
-            out = torch.zeros(len(pending) * blk, self.tap_dim, dtype=self.target.dtype,
-                              device=self.device)
+    def propose(self) -> None:
+        """Draft forward of the prepared round: writes the pending context rows, drafts B-1
+        tokens per sequence into the static draft outputs."""
+        if self._use_graph and self.graphs is not None:
+            self.graphs.replay("draft", self._n)
         else:
-            out.zero_()
-        for i, rows in enumerate(pending):
-            if rows is not None and rows.shape[0]:
-                out[i * blk:i * blk + rows.shape[0]] = rows
-        return out
+            self._draft_body(self._n, self._width)
 
-    # ----------------------------------------------------------------- speculative round
-    def propose(self, seqs: list[Sequence], temperature, uniforms):
-        """Draft forward: ingests each sequence's pending context and drafts B-1 tokens."""
-        dinp = self.draft_inputs(seqs)
-        binp = self.block_inputs(seqs, lambda s: s.draft_pages, causal=False)
-        if self.graphs is not None and self.graphs.fits(len(seqs)):
-            return self.graphs.propose(dinp, binp, temperature, uniforms)
-        return self.draft.propose(self.ints(dinp.anchors, torch.long),
-                                  self.gather_context(dinp.pending),
-                                  self.ints(dinp.ctx_positions), self.ints(dinp.ctx_slots),
-                                  self.meta(binp, causal=False), self.draft_kv.k,
-                                  self.draft_kv.v, temperature, uniforms)
-
-    def verify(self, seqs: list[Sequence], drafts: torch.Tensor | None):
-        """Target forward over [anchor, d_1..d_{B-1}] (or the anchor alone without a draft).
-        Returns logits [b, T, V] and taps [b, T, taps*H] (None without a draft)."""
-        b, blk = len(seqs), self.block
-        inp = self.block_inputs(seqs, lambda s: s.target_pages, causal=True)
-        anchors = [s.anchor for s in seqs]
-        if self.graphs is not None and self.graphs.fits(b):
-            logits, taps = self.graphs.verify(anchors, drafts, inp)
+    def verify(self) -> torch.Tensor:
+        """Target forward over [anchor, d_1..d_{B-1}] (or the anchor alone without a draft);
+        stores the taps per seat for the next draft. Returns logits [b, B, V]."""
+        if self._use_graph and self.graphs is not None:
+            logits = self.graphs.replay("verify", self._n)
         else:
-            a = self.ints(anchors, torch.long)[:, None]
-            tokens = a if drafts is None else torch.cat([a, drafts], 1)
-            logits, taps = self.target.forward(tokens.reshape(-1), self.meta(inp, causal=True),
-                                               self.target_kv.k, self.target_kv.v,
-                                               tap_layers=self.taps)
-        return logits.view(b, blk, -1), (taps.view(b, blk, -1) if taps is not None else None)
+            logits = self._verify_body(self._n, self._width)
+        self._logits = logits
+        return logits[:self._b]
 
-    # ----------------------------------------------------------------- sampling
-    def sampling_inputs(self, seqs: list[Sequence], width: int):
-        """Per-sequence temperature, top-k, top-p and `width` uniforms from each request's rng
-        (the uniforms stay on the host; callers move the slices they need)."""
-        temps = self.ints([s.params.temperature for s in seqs], torch.float32)
-        top_k = self.ints([s.params.top_k for s in seqs], torch.int32)
-        top_p = self.ints([s.params.top_p for s in seqs], torch.float32)
-        u = torch.zeros(len(seqs), width)
-        for i, s in enumerate(seqs):
-            if not s.params.greedy:
-                u[i] = s.rng.uniforms(width)
-        return temps, top_k, top_p, u
+    def accept(self) -> tuple[np.ndarray, np.ndarray]:
+        """Block verify of the round: accepted draft counts [b] and tokens [b, B] (accepted
+        drafts, the bonus, then -1), on the host. The round's one host sync."""
+        b, inp, d = self._b, self.inputs, self.inputs.dev
+        accept, out, _ = ops.block_verify(self._logits[:b], inp.drafts[:b], inp.cand_ids[:b],
+                                          inp.cand_probs[:b], d["temps"][:b], d["top_k"][:b],
+                                          d["top_p"][:b], d["verify_u"][:b], d["base"][:b])
+        both = torch.cat([accept.long()[:, None], out], 1).cpu().numpy()  # SYNC
+        accept, out = both[:, 0], both[:, 1:]
+        seats = self.inputs.host["seats"][:b]
+        self._anchors[seats] = out[np.arange(b), accept]
+        return accept, out
 
-    def verify_tokens(self, logits, drafts, cand_ids, cand_probs, temps, top_k, top_p, uniforms,
-                      seqs):
-        b = logits.shape[0]
-        if drafts is None:
-            drafts = torch.empty(b, 0, dtype=torch.long, device=self.device)
-            cand_ids = torch.empty(b, 0, 1, dtype=torch.long, device=self.device)
-            cand_probs = torch.empty(b, 0, 1, dtype=torch.float32, device=self.device)
-        seq_lens = self.ints([s.num_cached for s in seqs])
-        return ops.block_verify(logits, drafts, cand_ids, cand_probs, temps, top_k, top_p,
-                                self.ints(uniforms, torch.float32), seq_lens)
+    # ----------------------------------------------------------------- forward bodies
+    # Both read only persistent buffers; `n` rows (a graph's size, or the batch), tables
+    # `width` pages wide (a graph's full width, or what the batch needs).
+    def _tables(self, cache: PagedCache, seats: torch.Tensor, width: int) -> torch.Tensor:
+        return cache.tables[:, :width].index_select(0, seats)
+
+    def _block_meta(self, cache: PagedCache, n: int, width: int, causal: bool):
+        d, blk = self.inputs.dev, self.block
+        seats, base = d["seats"][:n], d["base"][:n]
+        live = (base >= 0)[:, None]
+        p = base.clamp(min=0)
+        positions = p[:, None] + self.inputs.offsets  # [n, B]
+        tables = self._tables(cache, seats, width)
+        slots = self._slots(cache, tables, positions, live)
+        kv_lens = (p + blk).to(torch.int32)
+        meta = AttnMeta(positions.view(-1), slots.view(-1), tables, kv_lens,
+                        self.inputs.cu_q[:n + 1], blk, causal=causal)
+        return meta, tables, p, live
+
+    @staticmethod
+    def _slots(cache: PagedCache, tables, positions, valid) -> torch.Tensor:
+        ps = cache.page_size
+        page = tables.gather(1, (positions // ps).long())
+        slots = page * ps + positions % ps
+        return torch.where(valid & (page >= 0), slots, -1).to(torch.int32)
+
+    def _verify_body(self, n: int, width: int) -> torch.Tensor:
+        d, blk = self.inputs.dev, self.block
+        meta, _, _, _ = self._block_meta(self.cache.target, n, width, causal=True)
+        anchors = d["anchors"][:n].long()
+        tokens = anchors if blk == 1 else torch.cat([anchors[:, None], self.inputs.drafts[:n]], 1)
+        logits, taps = self.target.forward(tokens.reshape(-1), meta, self.target_kv.k,
+                                           self.target_kv.v, tap_layers=self.taps)
+        if taps is not None:
+            self._taps.index_copy_(0, d["seats"][:n].long(), taps.view(n, blk, -1))
+        return logits.view(n, blk, -1)
+
+    def _draft_body(self, n: int, width: int) -> None:
+        d, blk, inp = self.inputs.dev, self.block, self.inputs
+        meta, tables, p, live = self._block_meta(self.cache.draft, n, width, causal=False)
+        pending = d["pending"][:n]
+        # Context rows: the previous round's committed positions p - pending .. p - 1.
+        ctx_pos = (p - pending)[:, None] + inp.offsets
+        ctx_valid = live & (inp.offsets[None] < pending[:, None])
+        ctx_slots = self._slots(self.cache.draft, tables, ctx_pos.clamp(min=0), ctx_valid)
+        ctx_taps = self._taps.index_select(0, d["seats"][:n]).view(n * blk, -1)
+        tokens, cand_ids, cand_probs = self.draft.propose(
+            d["anchors"][:n].long(), ctx_taps, ctx_pos.clamp(min=0).view(-1).to(torch.int32),
+            ctx_slots.view(-1), meta, self.draft_kv.k, self.draft_kv.v, d["temps"][:n],
+            d["walk_u"][:n])
+        inp.drafts[:n].copy_(tokens)
+        inp.cand_ids[:n].copy_(cand_ids)
+        inp.cand_probs[:n].copy_(cand_probs)
+
+    # ----------------------------------------------------------------- CUDA graphs
+    def capture_graphs(self, sizes: list[int], progress: bool = True) -> None:
+        """Captures the draft and verify forwards at each batch size, from the same buffers
+        the eager path reads (padding rows staged so the captured runs write nothing)."""
+        from .cuda_graphs import GraphSet
+
+        top = max(sizes)
+        self.inputs.fill_rows(0, top, self.cache.padding_seat)
+        self.inputs.upload()
+        full = self.cache.target.max_pages
+        graphs = GraphSet(sizes)
+        bodies = [("verify", self._verify_body)]
+        if self.draft is not None:
+            bodies.append(("draft", self._draft_body))
+        graphs.capture_all(bodies, full, progress)
+        self.graphs = graphs
+
+    # ----------------------------------------------------------------- caches
+    @property
+    def target_kv(self):
+        return self.cache.target.kv
+
+    @property
+    def draft_kv(self):
+        return self.cache.draft.kv if self.cache.draft is not None else None

@@ -4,10 +4,7 @@ from __future__ import annotations
 import enum
 import time
 
-import torch
-
 from .detokenizer import IncrementalDetokenizer
-from .kv_cache import SequencePages
 from .outputs import RequestStats
 from .sampling import RequestRNG, SamplingParams
 
@@ -19,11 +16,8 @@ class Status(enum.Enum):
 
 
 class Sequence:
-    """Tokens, pages and progress of one request.
-
-    Invariant between rounds: the target holds K/V for positions ``0 .. num_cached-1``, the
-    anchor (last token) sits at position ``num_cached``, and the draft's context has the same
-    length once its pending tapped states are ingested."""
+    """Tokens and progress of one request. Its cache state (lengths, pages) belongs to the cache
+    manager, under the sequence's ``seat`` (set while it is admitted)."""
 
     def __init__(self, request_id: str, prompt, prompt_ids: list[int], params: SamplingParams,
                  detok: IncrementalDetokenizer | None, eos_ids: set[int]):
@@ -38,10 +32,7 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.error: str | None = None
-        self.target_pages: SequencePages | None = None
-        self.draft_pages: SequencePages | None = None
-        self.num_cached = 0
-        self.pending_taps: torch.Tensor | None = None  # draft context awaiting ingestion
+        self.seat: int | None = None
         self.stats = RequestStats(prompt_tokens=len(prompt_ids), seed=self.rng.seed)
         self.t_admitted = time.perf_counter()
 

@@ -1,0 +1,85 @@
+"""The cache manager: invariants through real engine rounds, the sliding-window rule, and the
+block-table mirror kept up to date by deltas (the CUDA path, exercised on the CPU)."""
+import numpy as np
+import pytest
+import torch
+
+from dspine_engine import Engine, SamplingParams
+from dspine_engine.engine.cache_manager import PagedCache, PagedKVSpec
+from random_drafts import write_tiny_random_draft
+
+
+def test_window_rule():
+    spec = PagedKVSpec("draft", 1, 1, 8, window=24)
+    assert spec.first_needed(10) == 0 and spec.first_needed(30) == 7
+    assert list(spec.first_needed(np.array([0, 23, 24, 100]))) == [0, 0, 1, 77]
+    assert PagedKVSpec("t", 1, 1, 8).first_needed(100) == 0
+    # window + block tokens may straddle one extra page; never more than the whole sequence
+    assert spec.pages_to_reserve(1000, 16, 4) == 11 and spec.pages_to_reserve(8, 16, 4) == 6
+
+
+def test_invariants_hold_through_rounds(tiny_llama, tmp_path):
+    """Target KV length == anchor position == draft context (written + pending) after every
+    step; draft pages outside the window are freed; every page comes back."""
+    draft = write_tiny_random_draft(tmp_path / "draft", seed=5, sliding_window=24)
+    eng = Engine(tiny_llama, draft=draft, progress=False, page_size=4, max_num_seqs=4)
+    cache = eng.cache
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=1.0, seed=n)
+              for n in (60, 25, 80)]
+    for i, p in enumerate(params):
+        eng.add_request(f"request number {i} " * (i + 1), p)
+    steps = 0
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+        running = eng.scheduler.running
+        cache.check_invariants(running)
+        for s in running:
+            first_page = int(cache.draft.spec.first_needed(cache.kv_len[s.seat])) // 4
+            row = cache.draft.tables[s.seat, :first_page]
+            assert (row == -1).all(), "a draft page outside the window is still held"
+            assert cache.draft.live[s.seat] <= cache.draft.reserved[s.seat]
+        if steps == 6:
+            eng.add_request("late arrival", SamplingParams(max_tokens=30, ignore_eos=True))
+    for c in cache.caches:
+        assert c.pool.available == c.pool.num_pages == c.pool.free_pages
+        assert (c.live == 0).all() and (c.reserved == 0).all()
+
+
+def test_device_mirror_follows_the_host_tables():
+    """On CUDA the kernels read a mirror updated by deltas; the same code runs mirrored on the
+    CPU here: after random growth, rollback, window frees and releases (several per flush,
+    including one entry freed and retaken), the mirror equals the host tables."""
+    spec = PagedKVSpec("draft", 1, 1, 8, window=12)
+    cache = PagedCache(spec, num_pages=64, page_size=4, max_seats=3, max_pages=20,
+                       dtype=torch.float32, device=torch.device("cpu"), mirrored=True)
+    assert cache.tables.data_ptr() != torch.from_numpy(cache._host).data_ptr()
+    rng = np.random.default_rng(0)
+    lens = np.zeros(4, np.int64)
+    for seat in range(3):
+        assert cache.reserve(seat, 8)
+    seats = np.arange(3)
+    for step in range(40):
+        grow = lens[:3] + rng.integers(1, 6, 3)
+        cache.prepare_round(seats, lens[:3], 5)
+        lens[:3] = np.minimum(grow, 60)
+        cache.commit(seats, lens[:3])
+        if step % 3 == 0:
+            cache.flush()
+            assert torch.equal(cache.tables, torch.from_numpy(cache._host))
+        if step == 20:
+            cache.release(1)
+            lens[1] = 0
+            assert cache.reserve(1, 8)
+    cache.flush()
+    assert torch.equal(cache.tables, torch.from_numpy(cache._host))
+    assert (cache.tables[3] == 0).all()  # the padding seat reads page 0
+
+
+def test_a_request_that_cannot_fit_is_refused_up_front(tiny_llama):
+    from dspine_engine import KVCacheFullError
+
+    eng = Engine(tiny_llama, progress=False, kv_cache_tokens=64, page_size=16)
+    with pytest.raises(KVCacheFullError, match="pool holds 4"):
+        eng.add_request("hi", SamplingParams(max_tokens=100))
+    assert not eng.has_unfinished()
