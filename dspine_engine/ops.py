@@ -89,12 +89,16 @@ def write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
 
 
 def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict | None = None,
-                 device=None) -> torch.Tensor:
+                 device=None, rotary_dim: int | None = None) -> torch.Tensor:
     """The ``[max_positions, head_dim]`` fp32 table every RoPE op reads.
 
     ``scaling`` takes the HF ``rope_scaling`` / ``rope_parameters`` dict: "default", "linear",
-    "dynamic" (treated as its static form at max_positions), and "llama3"."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    "dynamic" (treated as its static form at max_positions), and "llama3". ``rotary_dim <
+    head_dim`` (partial RoPE): the frequencies are those of a rotary_dim-wide RoPE, and the pairs
+    past rotary_dim/2 get frequency 0 (cos 1, sin 0: they pass through unchanged). A model using
+    it orders its head dims so the rotated pairs are (i, i + head_dim/2) (models/hybrid.py)."""
+    rot = rotary_dim or head_dim
+    inv = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) or "default"
     if kind == "linear":
         inv = inv / float(scaling["factor"])
@@ -111,6 +115,7 @@ def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict 
         inv = scaled
     elif kind not in ("default", "dynamic"):
         raise ValueError(f"unsupported rope scaling type {kind!r}")
+    inv = torch.cat([inv, torch.zeros(head_dim // 2 - inv.numel(), dtype=torch.float64)])
     t = torch.arange(max_positions, dtype=torch.float64)
     freqs = torch.outer(t, inv)
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float().to(device)
