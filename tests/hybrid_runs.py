@@ -9,10 +9,6 @@ from dspine_engine.models.attention_meta import AttnMeta
 from dspine_engine.models.recurrent_state import RecurrentMeta
 
 
-def _i32(values):
-    return torch.tensor(values, dtype=torch.int32)
-
-
 class ModelRun:
     def __init__(self, model, num_seqs: int, max_len: int, ring_len: int = 0,
                  page_size: int = 16):
@@ -23,6 +19,9 @@ class ModelRun:
                           cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
         self.state = model.new_state(num_seqs, ring_len)
         self.lens = [0] * num_seqs  # tokens whose K/V and state are committed
+
+    def _i32(self, values):
+        return torch.tensor(values, dtype=torch.int32, device=self.model.device)
 
     def _table(self, b):
         return list(range(b * self.pages_per_seq, (b + 1) * self.pages_per_seq))
@@ -38,11 +37,12 @@ class ModelRun:
             slots += [self._table(b)[i // self.page_size] * self.page_size + i % self.page_size
                       for i in p]
             cu.append(cu[-1] + len(toks))
-        meta = AttnMeta(_i32(positions), _i32(slots), _i32([self._table(b) for b in seqs]),
-                        _i32([self.lens[b] + len(t) for b, t in zip(seqs, tokens)]), _i32(cu),
+        i32 = self._i32
+        meta = AttnMeta(i32(positions), i32(slots), i32([self._table(b) for b in seqs]),
+                        i32([self.lens[b] + len(t) for b, t in zip(seqs, tokens)]), i32(cu),
                         max(len(t) for t in tokens), True,
-                        RecurrentMeta(self.state, _i32(seqs), checkpoint))
-        flat = torch.tensor([t for toks in tokens for t in toks])
+                        RecurrentMeta(self.state, i32(seqs), checkpoint))
+        flat = torch.tensor([t for toks in tokens for t in toks], device=self.model.device)
         logits, taps = self.model.forward(flat, meta, self.kv.k, self.kv.v,
                                           tap_layers=tap_layers)
         if not checkpoint:
@@ -52,7 +52,7 @@ class ModelRun:
 
     def commit(self, seqs: list[int], accepted: list[int]) -> None:
         """After a checkpoint forward: keeps the first accepted[i] tokens of each block."""
-        self.state.commit(_i32(seqs), _i32(accepted))
+        self.state.commit(self._i32(seqs), self._i32(accepted))
         for b, m in zip(seqs, accepted):
             self.lens[b] += m
 

@@ -234,3 +234,23 @@ def test_bad_inputs_are_refused():
         ops.causal_conv1d(x, w[:, :1].contiguous(), st, sl, cu, mq, False)
     with pytest.raises(RuntimeError, match="num_accepted"):
         ops.conv_state_commit(st, sl, torch.tensor([1], dtype=torch.int32), 4)
+
+
+def test_schemas_and_fake_kernels_pass_opcheck():
+    """Mutation annotations, fake (meta) kernels and torch.compile tracing of every op."""
+    case = gdn_case([3, 2], 1, 2, 8, 8, 3, torch.float32, DEV, seed=11, ring_len=4)
+    meta = (case["state_slots"], case["cu_q"], case["max_q_len"])
+    inputs = tuple(t.contiguous() if t.dim() > 1 else t for t in gdn_args(case, *GDN_INPUTS))
+    ring = (case["ring_k"].zero_(), case["ring_u"].zero_(), case["ring_g"].zero_())
+    m = torch.tensor([2, 1], dtype=torch.int32)
+    x, w, cs, sl, cu, mq = conv_case([3, 2], 8, 4, 3 + 4, 3, torch.float32, DEV, seed=12)
+    calls = [
+        (torch.ops.dspine.gated_delta_recurrent, (*inputs, case["state"].clone(), *meta, *ring,
+                                                  EMPTY)),
+        (torch.ops.dspine.gated_delta_chunk, (*inputs, case["state"].clone(), *meta)),
+        (torch.ops.dspine.gated_delta_replay, (case["state"].clone(), *ring, meta[0], m)),
+        (torch.ops.dspine.causal_conv1d, (x.contiguous(), w, cs, sl, cu, mq, True)),
+        (torch.ops.dspine.conv_state_commit, (cs, sl, m, 4)),
+    ]
+    for op, args in calls:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
