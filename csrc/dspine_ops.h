@@ -94,6 +94,10 @@ void check_gated_delta_args(const at::Tensor& q, const at::Tensor& k, const at::
 // `lead_dims` leading dims before the slots.
 void check_ring_args(const at::Tensor& ring_k, const at::Tensor& ring_u, const at::Tensor& ring_g,
                      int64_t lead_dims, const at::Tensor& state, int64_t hk, const char* op);
+// The optional outputs of gated_delta_recurrent: the replay ring and the stored states.
+void check_recurrent_outputs(const at::Tensor& q, const at::Tensor& state, const at::Tensor& ring_k,
+                             const at::Tensor& ring_u, const at::Tensor& ring_g,
+                             const at::Tensor& states_out, const char* op);
 void check_replay_args(const at::Tensor& state, const at::Tensor& ring_k, const at::Tensor& ring_u,
                        const at::Tensor& ring_g, const at::Tensor& state_slots,
                        const at::Tensor& num_accepted);

@@ -92,6 +92,17 @@ void check_ring_args(const at::Tensor& ring_k, const at::Tensor& ring_u, const a
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(), op, ": rings must be contiguous fp32");
 }
 
+void check_recurrent_outputs(const at::Tensor& q, const at::Tensor& state, const at::Tensor& ring_k,
+                             const at::Tensor& ring_u, const at::Tensor& ring_g, const at::Tensor& states_out,
+                             const char* op) {
+  if (ring_k.numel() > 0) check_ring_args(ring_k, ring_u, ring_g, 0, state, q.size(1), op);
+  if (states_out.numel() > 0)
+    TORCH_CHECK(states_out.dim() == 4 && states_out.size(0) == q.size(0) &&
+                    states_out.sizes().slice(1) == state.sizes().slice(1) &&
+                    states_out.scalar_type() == at::kFloat && states_out.is_contiguous(),
+                op, ": states_out must be contiguous fp32 [tokens, v_heads, k_dim, v_dim]");
+}
+
 void check_replay_args(const at::Tensor& state, const at::Tensor& ring_k, const at::Tensor& ring_u,
                        const at::Tensor& ring_g, const at::Tensor& state_slots, const at::Tensor& num_accepted) {
   const char* op = "gated_delta_replay";

@@ -153,3 +153,19 @@ def conv_case(lens, channels, kernel, width, num_slots, dtype, device, seed):
     if len(lens) > 1:
         slots[-1] = -1
     return x, weight, state, slots.to(device), cu_seqlens(lens, device), max(lens)
+
+
+def decode_one_by_one(case, state, accepted, blk, step):
+    """Plain decode of the first accepted[b] tokens of each block of `case` (sequence b owns
+    rows b*blk..): one token per sequence and call, ``step(step_case, state)``."""
+    device = case["q"].device
+    for t in range(blk):
+        live = [b for b in range(len(accepted)) if t < int(accepted[b])]
+        if not live:
+            break
+        rows = torch.tensor([b * blk + t for b in live], dtype=torch.long, device=device)
+        one = {name: case[name][rows] for name in ("q", "k", "v", "a", "b")}
+        one.update(A_log=case["A_log"], dt_bias=case["dt_bias"], max_q_len=1,
+                   state_slots=case["state_slots"][live],
+                   cu_q=cu_seqlens([1] * len(live), device))
+        step(one, state)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dspine_engine import ops
-from kernel_cases import GDN_INPUTS, conv_case, cu_seqlens, gdn_args, gdn_case, rel_err
+from kernel_cases import (GDN_INPUTS, conv_case, cu_seqlens, decode_one_by_one, gdn_args, gdn_case,
+                          rel_err)
 
 DEV = "cpu"
 EMPTY = torch.empty(0)
@@ -121,15 +122,7 @@ def test_replay_equals_plain_decode_exactly(seed):
     ops.gated_delta_replay(verified, *ring, case["state_slots"], accepted)
 
     decoded = case["state"].clone()
-    for t in range(blk):
-        live = [b for b in range(len(lens)) if t < int(accepted[b])]
-        if not live:
-            break
-        rows = torch.tensor([b * blk + t for b in live], dtype=torch.long)
-        step = {name: case[name][rows] for name in ("q", "k", "v", "a", "b")}
-        step.update(A_log=case["A_log"], dt_bias=case["dt_bias"], max_q_len=1,
-                    state_slots=case["state_slots"][live], cu_q=cu_seqlens([1] * len(live)))
-        _recurrent(step, decoded)
+    decode_one_by_one(case, decoded, accepted, blk, _recurrent)
     assert torch.equal(verified, decoded)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dspine_engine import ops
-from kernel_cases import GDN_INPUTS, conv_case, cu_seqlens, gdn_args, gdn_case, rel_err
+from kernel_cases import GDN_INPUTS, conv_case, decode_one_by_one, gdn_args, gdn_case, rel_err
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -106,13 +106,8 @@ def test_replay_equals_plain_decode_bitwise(dk):
     _run(ops.gated_delta_recurrent, case, verified, ring)
     ops.gated_delta_replay(verified, *ring, case["state_slots"], accepted)
     decoded = case["state"].clone()
-    for t in range(blk):
-        live = [b for b in range(3) if t < int(accepted[b])]
-        rows = torch.tensor([b * blk + t for b in live], device=DEV)
-        step = {name: case[name][rows] for name in ("q", "k", "v", "a", "b")}
-        step.update(A_log=case["A_log"], dt_bias=case["dt_bias"], max_q_len=1,
-                    state_slots=case["state_slots"][live], cu_q=cu_seqlens([1] * len(live), DEV))
-        _run(ops.gated_delta_recurrent, step, decoded)
+    decode_one_by_one(case, decoded, accepted, blk,
+                      lambda one, st: _run(ops.gated_delta_recurrent, one, st))
     assert torch.equal(verified, decoded)
 
 

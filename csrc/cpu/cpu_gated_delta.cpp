@@ -77,6 +77,13 @@ static GatedDeltaArgs gdn_args(const at::Tensor& q, const at::Tensor& k, const a
                         k.stride(0), v.stride(0), a.stride(0), b.stride(0), ring_len};
 }
 
+template <typename T>
+static GdnInputs<T> gdn_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                               const at::Tensor& b, const at::Tensor& a_log, const at::Tensor& dt_bias) {
+  return GdnInputs<T>{q.data_ptr<T>(), k.data_ptr<T>(), v.data_ptr<T>(), a.data_ptr<T>(), b.data_ptr<T>(),
+                      a_log.data_ptr<float>(), dt_bias.data_ptr<float>()};
+}
+
 at::Tensor gated_delta_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                                  const at::Tensor& b, const at::Tensor& a_log, const at::Tensor& dt_bias,
                                  at::Tensor& state, const at::Tensor& slots_in, const at::Tensor& cu_in,
@@ -84,24 +91,19 @@ at::Tensor gated_delta_recurrent(const at::Tensor& q, const at::Tensor& k, const
                                  at::Tensor& states_out) {
   const char* op = "gated_delta_recurrent";
   check_gated_delta_args(q, k, v, a, b, a_log, dt_bias, state, slots_in, cu_in, op);
+  check_recurrent_outputs(q, state, ring_k, ring_u, ring_g, states_out, op);
   const bool ring = ring_k.numel() > 0;
-  if (ring) check_ring_args(ring_k, ring_u, ring_g, 0, state, q.size(1), op);
   const int64_t ring_len = ring ? ring_k.size(1) : 0;
-  if (states_out.numel() > 0)
-    TORCH_CHECK(states_out.dim() == 4 && states_out.size(0) == q.size(0) && states_out.sizes().slice(1) == state.sizes().slice(1) &&
-                    states_out.scalar_type() == at::kFloat && states_out.is_contiguous(),
-                op, ": states_out must be contiguous fp32 [tokens, v_heads, k_dim, v_dim]");
   auto slots = slots_in.contiguous(), cu = cu_in.contiguous();
   check_varlen_host(slots, cu, q.size(0), max_q_len, state.size(0), ring ? ring_len : -1, op, "the ring length");
   auto out = at::empty({v.size(0), v.size(1), v.size(2)}, q.options());
   const auto args = gdn_args(q, k, v, a, b, slots.numel(), ring_len);
   DSPINE_DISPATCH_FLOATS(q.scalar_type(), "gated_delta_recurrent", [&] {
     cpu::gated_delta_recurrent<scalar_t>(
-        q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), a.data_ptr<scalar_t>(),
-        b.data_ptr<scalar_t>(), a_log.data_ptr<float>(), dt_bias.data_ptr<float>(), state.data_ptr<float>(),
-        out.data_ptr<scalar_t>(), slots.data_ptr<int32_t>(), cu.data_ptr<int32_t>(),
-        ring ? ring_k.data_ptr<float>() : nullptr, ring ? ring_u.data_ptr<float>() : nullptr,
-        ring ? ring_g.data_ptr<float>() : nullptr, states_out.numel() ? states_out.data_ptr<float>() : nullptr, args);
+        gdn_inputs<scalar_t>(q, k, v, a, b, a_log, dt_bias), state.data_ptr<float>(), out.data_ptr<scalar_t>(),
+        slots.data_ptr<int32_t>(), cu.data_ptr<int32_t>(), ring ? ring_k.data_ptr<float>() : nullptr,
+        ring ? ring_u.data_ptr<float>() : nullptr, ring ? ring_g.data_ptr<float>() : nullptr,
+        states_out.numel() ? states_out.data_ptr<float>() : nullptr, args);
   });
   return out;
 }
@@ -131,10 +133,9 @@ at::Tensor gated_delta_chunk(const at::Tensor& q, const at::Tensor& k, const at:
   auto out = at::empty({v.size(0), v.size(1), v.size(2)}, q.options());
   const auto args = gdn_args(q, k, v, a, b, slots.numel(), 0);
   DSPINE_DISPATCH_FLOATS(q.scalar_type(), "gated_delta_chunk", [&] {
-    cpu::gated_delta_chunk<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
-                                     a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), a_log.data_ptr<float>(),
-                                     dt_bias.data_ptr<float>(), state.data_ptr<float>(), out.data_ptr<scalar_t>(),
-                                     slots.data_ptr<int32_t>(), cu.data_ptr<int32_t>(), args);
+    cpu::gated_delta_chunk<scalar_t>(gdn_inputs<scalar_t>(q, k, v, a, b, a_log, dt_bias), state.data_ptr<float>(),
+                                     out.data_ptr<scalar_t>(), slots.data_ptr<int32_t>(), cu.data_ptr<int32_t>(),
+                                     args);
   });
   return out;
 }

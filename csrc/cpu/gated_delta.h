@@ -68,48 +68,75 @@ inline void gdn_read(const float* s, const float* x, float* y, int64_t dk, int64
   }
 }
 
+// The token inputs of the rule (rows strided by GatedDeltaArgs) and the gate parameters.
 template <typename T>
-void zero_head_rows(T* out, int64_t t0, int64_t n, int64_t h, const GatedDeltaArgs& a) {
-  for (int64_t t = t0; t < t0 + n; ++t)
-    for (int64_t j = 0; j < a.dv; ++j) out[(t * a.hv + h) * a.dv + j] = from_f<T>(0.f);
+struct GdnInputs {
+  const T *q, *k, *v, *a, *b;
+  const float *a_log, *dt_bias;
+};
+
+// One (sequence, v-head) task: its tokens t0..t0+n-1 and its slot's [dk, dv] state.
+struct GdnHead {
+  int64_t slot, h, kh, t0, n;
+  float* state;
+};
+
+// Runs fn(head) for every (sequence, v-head) in parallel; padding sequences (slot < 0) get zero
+// output rows instead.
+template <typename T, typename F>
+void for_each_head(const GatedDeltaArgs& a, float* state, T* out, const int32_t* slots,
+                   const int32_t* cu_q, F&& fn) {
+  parallel_for(a.batch * a.hv, [&](int64_t task) {
+    const int64_t b = task / a.hv, h = task % a.hv, t0 = cu_q[b], n = cu_q[b + 1] - cu_q[b];
+    if (slots[b] < 0) {
+      for (int64_t t = t0; t < t0 + n; ++t)
+        for (int64_t j = 0; j < a.dv; ++j) out[(t * a.hv + h) * a.dv + j] = from_f<T>(0.f);
+      return;
+    }
+    const int64_t slot = slots[b];
+    fn(GdnHead{slot, h, h / (a.hv / a.hk), t0, n, state + (slot * a.hv + h) * a.dk * a.dv});
+  });
+}
+
+// q^ and k^ (normalised, fp32), the log decay g and beta of token t for one head.
+template <typename T>
+inline void gdn_token(const GdnInputs<T>& in, const GatedDeltaArgs& a, const GdnHead& hd,
+                      int64_t t, float* qn, float* kn, float& g, float& beta) {
+  gdn_l2norm(in.k + t * a.k_stride + hd.kh * a.dk, kn, a.dk, 1.0f);
+  gdn_l2norm(in.q + t * a.q_stride + hd.kh * a.dk, qn, a.dk,
+             1.0f / std::sqrt(static_cast<float>(a.dk)));
+  g = gdn_log_decay(to_f(in.a[t * a.a_stride + hd.h]), in.a_log[hd.h], in.dt_bias[hd.h]);
+  beta = sigmoidf(to_f(in.b[t * a.b_stride + hd.h]));
 }
 
 template <typename T>
-void gated_delta_recurrent(const T* q, const T* k, const T* v, const T* a_in, const T* b_in,
-                           const float* a_log, const float* dt_bias, float* state, T* out,
-                           const int32_t* slots, const int32_t* cu_q, float* ring_k,
-                           float* ring_u, float* ring_g, float* states_out,
-                           const GatedDeltaArgs& a) {
+void gated_delta_recurrent(const GdnInputs<T>& in, float* state, T* out, const int32_t* slots,
+                           const int32_t* cu_q, float* ring_k, float* ring_u, float* ring_g,
+                           float* states_out, const GatedDeltaArgs& a) {
   const int64_t dk = a.dk, dv = a.dv, ratio = a.hv / a.hk, R = a.ring_len;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  parallel_for(a.batch * a.hv, [&](int64_t task) {
-    const int64_t b = task / a.hv, h = task % a.hv, kh = h / ratio;
-    const int64_t t0 = cu_q[b], n = cu_q[b + 1] - cu_q[b];
-    if (slots[b] < 0) return zero_head_rows(out, t0, n, h, a);
-    float* slot_state = state + (static_cast<int64_t>(slots[b]) * a.hv + h) * dk * dv;
-    std::vector<float> s(slot_state, slot_state + dk * dv), kn(dk), qn(dk), u(dv), o(dv);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t t = t0 + i;
-      gdn_l2norm(k + t * a.k_stride + kh * dk, kn.data(), dk, 1.0f);
-      gdn_l2norm(q + t * a.q_stride + kh * dk, qn.data(), dk, scale);
-      const float g = gdn_log_decay(to_f(a_in[t * a.a_stride + h]), a_log[h], dt_bias[h]);
-      const float beta = sigmoidf(to_f(b_in[t * a.b_stride + h]));
+  for_each_head(a, state, out, slots, cu_q, [&](const GdnHead& hd) {
+    const int64_t h = hd.h;
+    std::vector<float> s(hd.state, hd.state + dk * dv), kn(dk), qn(dk), u(dv), o(dv);
+    for (int64_t i = 0; i < hd.n; ++i) {
+      const int64_t t = hd.t0 + i;
+      float g, beta;
+      gdn_token(in, a, hd, t, qn.data(), kn.data(), g, beta);
       gdn_decay(s.data(), dk * dv, std::exp(g));
       gdn_read(s.data(), kn.data(), u.data(), dk, dv);
-      const T* vt = v + t * a.v_stride + h * dv;
+      const T* vt = in.v + t * a.v_stride + h * dv;
       for (int64_t j = 0; j < dv; ++j) u[j] = beta * (to_f(vt[j]) - u[j]);
       gdn_rank1(s.data(), kn.data(), u.data(), dk, dv);
       gdn_read(s.data(), qn.data(), o.data(), dk, dv);
       for (int64_t j = 0; j < dv; ++j) out[(t * a.hv + h) * dv + j] = from_f<T>(o[j]);
       if (R > 0) {
-        const int64_t row = static_cast<int64_t>(slots[b]) * R + i;
-        if (h % ratio == 0) std::copy(kn.begin(), kn.end(), ring_k + (row * a.hk + kh) * dk);
+        const int64_t row = hd.slot * R + i;
+        if (h % ratio == 0) std::copy(kn.begin(), kn.end(), ring_k + (row * a.hk + hd.kh) * dk);
         std::copy(u.begin(), u.end(), ring_u + (row * a.hv + h) * dv);
         ring_g[row * a.hv + h] = g;
       }
       if (states_out) std::copy(s.begin(), s.end(), states_out + (t * a.hv + h) * dk * dv);
     }
-    if (R == 0) std::copy(s.begin(), s.end(), slot_state);
+    if (R == 0) std::copy(s.begin(), s.end(), hd.state);
   });
 }
 
@@ -198,35 +225,26 @@ inline void gdn_chunk(GdnChunkScratch& c, int64_t len, int64_t dk, int64_t dv, f
 }
 
 template <typename T>
-void gated_delta_chunk(const T* q, const T* k, const T* v, const T* a_in, const T* b_in,
-                       const float* a_log, const float* dt_bias, float* state, T* out,
-                       const int32_t* slots, const int32_t* cu_q, const GatedDeltaArgs& a) {
-  const int64_t dk = a.dk, dv = a.dv, ratio = a.hv / a.hk;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  parallel_for(a.batch * a.hv, [&](int64_t task) {
-    const int64_t b = task / a.hv, h = task % a.hv, kh = h / ratio;
-    const int64_t t0 = cu_q[b], n = cu_q[b + 1] - cu_q[b];
-    if (slots[b] < 0) return zero_head_rows(out, t0, n, h, a);
-    float* slot_state = state + (static_cast<int64_t>(slots[b]) * a.hv + h) * dk * dv;
-    std::vector<float> s(slot_state, slot_state + dk * dv), o(kGdnChunk * dv);
+void gated_delta_chunk(const GdnInputs<T>& in, float* state, T* out, const int32_t* slots,
+                       const int32_t* cu_q, const GatedDeltaArgs& a) {
+  const int64_t dk = a.dk, dv = a.dv;
+  for_each_head(a, state, out, slots, cu_q, [&](const GdnHead& hd) {
+    std::vector<float> s(hd.state, hd.state + dk * dv), o(kGdnChunk * dv);
     GdnChunkScratch c(dk, dv);
-    for (int64_t c0 = 0; c0 < n; c0 += kGdnChunk) {
-      const int64_t len = std::min(kGdnChunk, n - c0);
+    for (int64_t c0 = 0; c0 < hd.n; c0 += kGdnChunk) {
+      const int64_t len = std::min(kGdnChunk, hd.n - c0);
       for (int64_t i = 0; i < len; ++i) {
-        const int64_t t = t0 + c0 + i;
-        gdn_l2norm(k + t * a.k_stride + kh * dk, c.kc.data() + i * dk, dk, 1.0f);
-        gdn_l2norm(q + t * a.q_stride + kh * dk, c.qc.data() + i * dk, dk, scale);
-        const T* vt = v + t * a.v_stride + h * dv;
+        const int64_t t = hd.t0 + c0 + i;
+        gdn_token(in, a, hd, t, c.qc.data() + i * dk, c.kc.data() + i * dk, c.cum[i], c.beta[i]);
+        const T* vt = in.v + t * a.v_stride + hd.h * dv;
         for (int64_t j = 0; j < dv; ++j) c.vc[i * dv + j] = to_f(vt[j]);
-        c.cum[i] = gdn_log_decay(to_f(a_in[t * a.a_stride + h]), a_log[h], dt_bias[h]);
-        c.beta[i] = sigmoidf(to_f(b_in[t * a.b_stride + h]));
       }
       gdn_chunk(c, len, dk, dv, s.data(), o.data());
       for (int64_t i = 0; i < len; ++i)
         for (int64_t j = 0; j < dv; ++j)
-          out[((t0 + c0 + i) * a.hv + h) * dv + j] = from_f<T>(o[i * dv + j]);
+          out[((hd.t0 + c0 + i) * a.hv + hd.h) * dv + j] = from_f<T>(o[i * dv + j]);
     }
-    std::copy(s.begin(), s.end(), slot_state);
+    std::copy(s.begin(), s.end(), hd.state);
   });
 }
 

@@ -91,12 +91,8 @@ at::Tensor gated_delta_recurrent(const at::Tensor& q, const at::Tensor& k, const
   const c10::cuda::CUDAGuard guard(q.device());
   check_gated_delta_args(q, k, v, a, b, a_log, dt_bias, state, slots_in, cu_in, op);
   check_grid(slots_in.numel(), op);
+  check_recurrent_outputs(q, state, ring_k, ring_u, ring_g, states_out, op);
   const bool ring = ring_k.numel() > 0;
-  if (ring) check_ring_args(ring_k, ring_u, ring_g, 0, state, q.size(1), op);
-  if (states_out.numel() > 0)
-    TORCH_CHECK(states_out.dim() == 4 && states_out.size(0) == q.size(0) && states_out.sizes().slice(1) == state.sizes().slice(1) &&
-                    states_out.scalar_type() == at::kFloat && states_out.is_contiguous(),
-                op, ": states_out must be contiguous fp32 [tokens, v_heads, k_dim, v_dim]");
   auto slots = slots_in.contiguous(), cu = cu_in.contiguous();
   auto out = at::empty({v.size(0), v.size(1), v.size(2)}, q.options());
   auto p = gdn_params(q, k, v, a, b, a_log, dt_bias, state, slots, cu, out);

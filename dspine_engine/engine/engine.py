@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..models.config import TargetConfig
+from ..models.config import ModelConfigError, TargetConfig
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from ..models.tokenizer import Tokenizer
@@ -107,6 +107,9 @@ class Engine:
         self.target = (load_gguf_target(gguf_path, progress) if self.quantized else
                        TargetModel.load(target_dir, self.device, self.dtype, progress=progress))
         cfg: TargetConfig = self.target.config
+        if cfg.num_kv_layers != cfg.num_layers:
+            raise ModelConfigError("hybrid (Gated DeltaNet) targets are not served by the engine "
+                                   "yet: their recurrent-state cache is still to come")
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings,
                                  cfg.max_position_embeddings)
         self.draft = None
