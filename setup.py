@@ -54,8 +54,7 @@ def extensions():
     cxx = ["-O3", "-std=c++17", "-fopenmp"]
     if not _flag("DSPINE_PORTABLE"):
         cxx.append("-march=native")
-    sources = ["csrc/ops.cpp", "csrc/cpu/cpu_ops.cpp", "csrc/cpu/quant_gemm.cpp",
-               "csrc/cpu/quant_bindings.cpp"]
+    sources = sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
     include_dirs = [os.path.join(ROOT, "csrc")]
     if _want_cuda():
         cutlass = _cutlass_include()

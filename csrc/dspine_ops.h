@@ -33,6 +33,23 @@ namespace dspine {
       const at::Tensor& logits, const at::Tensor& draft_tokens, const at::Tensor& cand_ids,      \
       const at::Tensor& cand_probs, const at::Tensor& temperature, const at::Tensor& top_k,      \
       const at::Tensor& top_p, const at::Tensor& uniforms, const at::Tensor& seq_lens);          \
+  at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight, at::Tensor& conv_state, \
+                           const at::Tensor& state_slots, const at::Tensor& cu_q,                \
+                           int64_t max_q_len, bool checkpoint);                                  \
+  void conv_state_commit(at::Tensor& conv_state, const at::Tensor& state_slots,                  \
+                         const at::Tensor& num_accepted, int64_t kernel_size);                   \
+  at::Tensor gated_delta_recurrent(                                                              \
+      const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,        \
+      const at::Tensor& b, const at::Tensor& a_log, const at::Tensor& dt_bias, at::Tensor& state, \
+      const at::Tensor& state_slots, const at::Tensor& cu_q, int64_t max_q_len,                  \
+      at::Tensor& ring_k, at::Tensor& ring_u, at::Tensor& ring_g, at::Tensor& states_out);       \
+  void gated_delta_replay(at::Tensor& state, const at::Tensor& ring_k, const at::Tensor& ring_u, \
+                          const at::Tensor& ring_g, const at::Tensor& state_slots,               \
+                          const at::Tensor& num_accepted);                                       \
+  at::Tensor gated_delta_chunk(                                                                  \
+      const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,        \
+      const at::Tensor& b, const at::Tensor& a_log, const at::Tensor& dt_bias, at::Tensor& state, \
+      const at::Tensor& state_slots, const at::Tensor& cu_q, int64_t max_q_len);                 \
   }
 
 DSPINE_DECLARE_OPS(cpu)
@@ -60,5 +77,29 @@ void check_injection_args(const at::Tensor& h, const at::Tensor& gate_h, const a
 void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,
                      const at::Tensor& succ_table, const at::Tensor& anchor, int64_t top_k,
                      const at::Tensor& temperature, const at::Tensor& uniforms);
+
+// Gated DeltaNet ops (gated_delta_checks.cpp).
+constexpr int64_t kConvMaxKernelSize = 16;
+constexpr int64_t kGdnMaxHeadDim = 256;
+void check_varlen_meta(const at::Tensor& state_slots, const at::Tensor& cu_q, const char* op);
+void check_conv1d_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& conv_state,
+                       const at::Tensor& state_slots, const at::Tensor& cu_q);
+void check_conv_commit_args(const at::Tensor& conv_state, const at::Tensor& state_slots,
+                            const at::Tensor& num_accepted, int64_t kernel_size);
+void check_gated_delta_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& a, const at::Tensor& b, const at::Tensor& a_log,
+                            const at::Tensor& dt_bias, const at::Tensor& state,
+                            const at::Tensor& state_slots, const at::Tensor& cu_q, const char* op);
+// Rings [..., slots, R, heads(, dim)] matching `state` [..., slots, v_heads, k_dim, v_dim] with
+// `lead_dims` leading dims before the slots.
+void check_ring_args(const at::Tensor& ring_k, const at::Tensor& ring_u, const at::Tensor& ring_g,
+                     int64_t lead_dims, const at::Tensor& state, int64_t hk, const char* op);
+// The optional outputs of gated_delta_recurrent: the replay ring and the stored states.
+void check_recurrent_outputs(const at::Tensor& q, const at::Tensor& state, const at::Tensor& ring_k,
+                             const at::Tensor& ring_u, const at::Tensor& ring_g,
+                             const at::Tensor& states_out, const char* op);
+void check_replay_args(const at::Tensor& state, const at::Tensor& ring_k, const at::Tensor& ring_u,
+                       const at::Tensor& ring_g, const at::Tensor& state_slots,
+                       const at::Tensor& num_accepted);
 
 }  // namespace dspine

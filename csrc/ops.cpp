@@ -133,6 +133,17 @@ TORCH_LIBRARY(dspine, m) {
   m.def("block_verify(Tensor logits, Tensor draft_tokens, Tensor cand_ids, Tensor cand_probs, "
         "Tensor temperature, Tensor top_k, Tensor top_p, Tensor uniforms, Tensor seq_lens) "
         "-> (Tensor, Tensor, Tensor)");
+  m.def("causal_conv1d(Tensor x, Tensor weight, Tensor(s!) conv_state, Tensor state_slots, "
+        "Tensor cu_q, int max_q_len, bool checkpoint) -> Tensor");
+  m.def("conv_state_commit(Tensor(s!) conv_state, Tensor state_slots, Tensor num_accepted, "
+        "int kernel_size) -> ()");
+  m.def("gated_delta_recurrent(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, "
+        "Tensor dt_bias, Tensor(s!) state, Tensor state_slots, Tensor cu_q, int max_q_len, "
+        "Tensor(rk!) ring_k, Tensor(ru!) ring_u, Tensor(rg!) ring_g, Tensor(so!) states_out) -> Tensor");
+  m.def("gated_delta_replay(Tensor(s!) state, Tensor ring_k, Tensor ring_u, Tensor ring_g, "
+        "Tensor state_slots, Tensor num_accepted) -> ()");
+  m.def("gated_delta_chunk(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, "
+        "Tensor dt_bias, Tensor(s!) state, Tensor state_slots, Tensor cu_q, int max_q_len) -> Tensor");
 }
 
 #define DSPINE_REGISTER_BACKEND(ns, KEY)                 \
@@ -145,6 +156,11 @@ TORCH_LIBRARY(dspine, m) {
     m.impl("fused_injection", &dspine::ns::fused_injection); \
     m.impl("transition_walk", &dspine::ns::transition_walk); \
     m.impl("block_verify", &dspine::ns::block_verify);   \
+    m.impl("causal_conv1d", &dspine::ns::causal_conv1d); \
+    m.impl("conv_state_commit", &dspine::ns::conv_state_commit); \
+    m.impl("gated_delta_recurrent", &dspine::ns::gated_delta_recurrent); \
+    m.impl("gated_delta_replay", &dspine::ns::gated_delta_replay); \
+    m.impl("gated_delta_chunk", &dspine::ns::gated_delta_chunk); \
   }
 
 DSPINE_REGISTER_BACKEND(cpu, CPU)

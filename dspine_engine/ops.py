@@ -93,12 +93,16 @@ def write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
 
 
 def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict | None = None,
-                 device=None) -> torch.Tensor:
+                 device=None, rotary_dim: int | None = None) -> torch.Tensor:
     """The ``[max_positions, head_dim]`` fp32 table every RoPE op reads.
 
     ``scaling`` takes the HF ``rope_scaling`` / ``rope_parameters`` dict: "default", "linear",
-    "dynamic" (treated as its static form at max_positions), and "llama3"."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    "dynamic" (treated as its static form at max_positions), and "llama3". ``rotary_dim <
+    head_dim`` (partial RoPE): the frequencies are those of a rotary_dim-wide RoPE, and the pairs
+    past rotary_dim/2 get frequency 0 (cos 1, sin 0: they pass through unchanged). A model using
+    it orders its head dims so the rotated pairs are (i, i + head_dim/2) (models/hybrid.py)."""
+    rot = rotary_dim or head_dim
+    inv = 1.0 / (theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot))
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) or "default"
     if kind == "linear":
         inv = inv / float(scaling["factor"])
@@ -115,6 +119,7 @@ def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict 
         inv = scaled
     elif kind not in ("default", "dynamic"):
         raise ValueError(f"unsupported rope scaling type {kind!r}")
+    inv = torch.cat([inv, torch.zeros(head_dim // 2 - inv.numel(), dtype=torch.float64)])
     t = torch.arange(max_positions, dtype=torch.float64)
     freqs = torch.outer(t, inv)
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1).float().to(device)
@@ -442,6 +447,212 @@ def quant_embedding_ref(ids, weight, format, num_rows):
 
 
 # --------------------------------------------------------------------------------------------
+# Gated DeltaNet (hybrid targets): causal conv1d and the gated delta rule
+# --------------------------------------------------------------------------------------------
+#
+# A Gated DeltaNet layer keeps, per sequence, a convolution window and a recurrent state. Both
+# live in slots of per-layer tensors (``state_slots[b]`` is sequence b's slot; a negative slot
+# means "padding": the sequence is skipped, its output rows are zero and nothing is written).
+# Per token t of a sequence, with q, k [Hk, dk], v [Hv, dv], a, b [Hv] and v-head h reading
+# k-head h // (Hv / Hk):
+#     q^ = l2norm(q) / sqrt(dk),  k^ = l2norm(k)      (l2norm(x) = x / sqrt(sum x^2 + 1e-6))
+#     g = -exp(A_log) * softplus(a + dt_bias),  beta = sigmoid(b)
+#     S = exp(g) S;  u = beta (v - S^T k^);  S = S + k^ u^T;  o = S^T q^
+# S [Hv, dk, dv] is fp32. ReplaySSM: a verify block leaves S untouched (the round's checkpoint)
+# and records (k^, u, g) per token in a ring; after acceptance the accepted prefix is replayed
+# onto the checkpoint with the same two state operations, so the result equals a plain decode.
+
+GDN_L2_EPS = 1e-6
+
+
+def causal_conv1d(x, weight, conv_state, state_slots, cu_q, max_q_len: int,
+                  checkpoint: bool) -> torch.Tensor:
+    """Depthwise causal convolution + SiLU over varlen sequences, continuing each one's window.
+
+    ``x [N, C]`` (rows may be strided views), ``weight [C, K]`` (K >= 2), ``conv_state [S, W,
+    C]`` in x's dtype with ``W >= K - 1``: rows ``0..K-2`` of a slot are the K-1 inputs before the
+    sequence's first new token, oldest first (zeros for a fresh sequence). Sequence b owns rows
+    ``cu_q[b]:cu_q[b+1]`` (n_b rows) and slot ``state_slots[b]``. With ``xx = window ++ x_b``,
+    ``out[t, c] = silu(sum_i weight[c, i] * xx[t + i, c])`` (fp32 math, x's dtype out).
+    ``checkpoint=False`` (prefill, decode): the window becomes the last K-1 rows of xx.
+    ``checkpoint=True`` (a verify block): the window is kept and x_b is stored after it, in rows
+    ``K-1 .. K-2+n_b`` (needs ``n_b <= W - K + 1``), for ``conv_state_commit``."""
+    return _ops.causal_conv1d(x, weight, conv_state, state_slots, cu_q, max_q_len, checkpoint)
+
+
+def conv_state_commit(conv_state, state_slots, num_accepted, kernel_size: int) -> None:
+    """After a verify block: the window of each slot moves past the ``num_accepted[b]`` (int32)
+    committed tokens, ``rows[0:K-1] = rows[m:m+K-1]``. ``conv_state [..., S, W, C]`` (any leading
+    dims, e.g. every layer at once); ``0 <= m <= W - K + 1``."""
+    _ops.conv_state_commit(conv_state, state_slots, num_accepted, kernel_size)
+
+
+def gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state, state_slots, cu_q,
+                          max_q_len: int, ring_k, ring_u, ring_g,
+                          states_out) -> torch.Tensor:
+    """The gated delta rule token by token (decode: 1 token; verify: a block per sequence).
+
+    Shapes: ``q, k [N, Hk, dk]``, ``v [N, Hv, dv]``, ``a, b [N, Hv]`` (rows may be strided),
+    ``A_log, dt_bias [Hv]`` fp32, ``state [S, Hv, dk, dv]`` fp32. Returns ``o [N, Hv, dv]`` in
+    q's dtype. Without a ring (empty ``ring_k``) the final state is written back to the slot.
+    With a ring (``ring_k [S, R, Hk, dk]``, ``ring_u [S, R, Hv, dv]``, ``ring_g [S, R, Hv]``,
+    fp32, ``n_b <= R``) the state is left as it was (the round's checkpoint) and token t of the
+    block records ``ring_k[s, t] = k^``, ``ring_u[s, t] = u``, ``ring_g[s, t] = g``.
+    ``states_out [N, Hv, dk, dv]`` (fp32, or empty) receives the state after every token: the
+    "store every state" alternative to replay, kept for measuring it."""
+    return _ops.gated_delta_recurrent(q, k, v, a, b, A_log, dt_bias, state, state_slots, cu_q,
+                                      max_q_len, ring_k, ring_u, ring_g, states_out)
+
+
+def gated_delta_replay(state, ring_k, ring_u, ring_g, state_slots, num_accepted) -> None:
+    """ReplaySSM rollback: for each sequence, replays the first ``num_accepted[b]`` (int32)
+    recorded tokens onto its checkpoint, ``S = exp(g_t) S; S = S + k^_t u_t^T`` in order.
+    ``state [..., S, Hv, dk, dv]`` with the rings' matching leading dims (every layer in one
+    call); ``0 <= m <= R``."""
+    _ops.gated_delta_replay(state, ring_k, ring_u, ring_g, state_slots, num_accepted)
+
+
+def gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state, state_slots, cu_q,
+                      max_q_len: int) -> torch.Tensor:
+    """The gated delta rule over whole prompts (prefill), computed chunk by chunk: within a chunk
+    the delta-rule updates are solved at once (a unit lower-triangular system), between chunks
+    the state is carried. Same inputs and result as ``gated_delta_recurrent`` without a ring
+    (reads the slot's state, writes the final one back); the order of the arithmetic differs."""
+    return _ops.gated_delta_chunk(q, k, v, a, b, A_log, dt_bias, state, state_slots, cu_q,
+                                  max_q_len)
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + GDN_L2_EPS)
+
+
+def gdn_token_inputs(q, k, a, b, A_log, dt_bias):
+    """fp32 ``(q^, k^, g, beta)`` of some token rows (see the section comment)."""
+    qn = _l2norm(q.float()) * q.shape[-1] ** -0.5
+    kn = _l2norm(k.float())
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias.float())
+    return qn, kn, g, torch.sigmoid(b.float())
+
+
+def _sequences(state_slots, cu_q):
+    """(b, slot, first row, last row + 1) of every sequence with a real slot."""
+    for i in range(state_slots.shape[0]):
+        s, t0, t1 = int(state_slots[i]), int(cu_q[i]), int(cu_q[i + 1])
+        if s >= 0:
+            yield i, s, t0, t1
+
+
+def causal_conv1d_ref(x, weight, conv_state, state_slots, cu_q, max_q_len, checkpoint):
+    out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    k = weight.shape[1]
+    for _, s, t0, t1 in _sequences(state_slots, cu_q):
+        n = t1 - t0
+        if n == 0:
+            continue
+        xx = torch.cat([conv_state[s, :k - 1].float(), x[t0:t1].float()])
+        y = (xx.unfold(0, k, 1) * weight.float()).sum(-1)  # windows [n, C, K]
+        out[t0:t1] = torch.nn.functional.silu(y).to(x.dtype)
+        if checkpoint:
+            conv_state[s, k - 1:k - 1 + n] = x[t0:t1].to(conv_state.dtype)
+        else:
+            conv_state[s, :k - 1] = xx[n:].to(conv_state.dtype)
+    return out
+
+
+def conv_state_commit_ref(conv_state, state_slots, num_accepted, kernel_size):
+    flat = conv_state.view(-1, *conv_state.shape[-3:])
+    for i in range(state_slots.shape[0]):
+        s, m = int(state_slots[i]), int(num_accepted[i])
+        if s >= 0:
+            flat[:, s, :kernel_size - 1] = flat[:, s, m:m + kernel_size - 1].clone()
+
+
+def _expand_k_heads(x, hv):
+    """[..., Hk, d] -> [..., Hv, d]: v-head h reads k-head h // (Hv / Hk)."""
+    return x.repeat_interleave(hv // x.shape[-2], dim=-2)
+
+
+def gated_delta_recurrent_ref(q, k, v, a, b, A_log, dt_bias, state, state_slots, cu_q,
+                              max_q_len, ring_k, ring_u, ring_g, states_out):
+    hv = v.shape[1]
+    out = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+    qn, kn, g, beta = gdn_token_inputs(q, k, a, b, A_log, dt_bias)
+    use_ring = ring_k.numel() > 0
+    for _, s, t0, t1 in _sequences(state_slots, cu_q):
+        st = state[s].clone()
+        for t in range(t0, t1):
+            kt, qt = _expand_k_heads(kn[t], hv), _expand_k_heads(qn[t], hv)
+            st = st * g[t].exp()[:, None, None]
+            u = beta[t][:, None] * (v[t].float() - torch.einsum("hkv,hk->hv", st, kt))
+            st = st + kt[:, :, None] * u[:, None, :]
+            out[t] = torch.einsum("hkv,hk->hv", st, qt).to(q.dtype)
+            if use_ring:
+                ring_k[s, t - t0], ring_u[s, t - t0], ring_g[s, t - t0] = kn[t], u, g[t]
+            if states_out.numel() > 0:
+                states_out[t] = st
+        if not use_ring:
+            state[s] = st
+    return out
+
+
+def gated_delta_replay_ref(state, ring_k, ring_u, ring_g, state_slots, num_accepted):
+    st, rk = state.view(-1, *state.shape[-4:]), ring_k.view(-1, *ring_k.shape[-4:])
+    ru, rg = ring_u.view(-1, *ring_u.shape[-4:]), ring_g.view(-1, *ring_g.shape[-3:])
+    hv = st.shape[-3]
+    for i in range(state_slots.shape[0]):
+        s, m = int(state_slots[i]), int(num_accepted[i])
+        if s < 0:
+            continue
+        for layer in range(st.shape[0]):
+            x = st[layer, s]
+            for t in range(m):
+                kt = _expand_k_heads(rk[layer, s, t], hv)
+                x = x * rg[layer, s, t].exp()[:, None, None]
+                x = x + kt[:, :, None] * ru[layer, s, t][:, None, :]
+            st[layer, s] = x
+
+
+GDN_CHUNK = 64  # tokens solved together by the chunked prefill reference and CPU kernel
+
+
+def gated_delta_chunk_ref(q, k, v, a, b, A_log, dt_bias, state, state_slots, cu_q, max_q_len,
+                          chunk: int = GDN_CHUNK):
+    hv = v.shape[1]
+    out = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+    qn, kn, g, beta = gdn_token_inputs(q, k, a, b, A_log, dt_bias)
+    for _, s, t0, t1 in _sequences(state_slots, cu_q):
+        st = state[s].clone()  # [Hv, dk, dv]
+        for c0 in range(t0, t1, chunk):
+            c1 = min(c0 + chunk, t1)
+            out[c0:c1], st = _gdn_chunk_step(
+                _expand_k_heads(qn[c0:c1], hv).transpose(0, 1),
+                _expand_k_heads(kn[c0:c1], hv).transpose(0, 1),
+                v[c0:c1].float().transpose(0, 1), g[c0:c1].t(), beta[c0:c1].t(), st)
+        state[s] = st
+    return out
+
+
+def _gdn_chunk_step(qc, kc, vc, gc, bc, st):
+    """One chunk, every v-head at once: ``qc, kc [Hv, L, dk]``, ``vc [Hv, L, dv]``, ``gc, bc
+    [Hv, L]``, ``st [Hv, dk, dv]``. Returns (o [L, Hv, dv], the state after the chunk).
+
+    With G the in-chunk cumulative log decay, the updates u_i solve
+    ``u_i + sum_{j<i} beta_i e^{G_i-G_j} (k_i.k_j) u_j = beta_i (v_i - e^{G_i} S_0^T k_i)``."""
+    n = qc.shape[1]
+    G = gc.cumsum(-1)
+    lower = torch.ones(n, n, dtype=torch.bool, device=qc.device).tril()
+    decay = (G[:, :, None] - G[:, None, :]).masked_fill(~lower, float("-inf")).exp()
+    system = (bc[:, :, None] * (kc @ kc.transpose(1, 2)) * decay).tril(-1)
+    eye = torch.eye(n, device=qc.device).expand_as(system)
+    rhs = bc[:, :, None] * (vc - G.exp()[:, :, None] * (kc @ st))
+    u = torch.linalg.solve_triangular(eye + system, rhs, upper=False, unitriangular=True)
+    o = G.exp()[:, :, None] * (qc @ st) + ((qc @ kc.transpose(1, 2)) * decay) @ u
+    tail = (G[:, -1:] - G).exp()[:, :, None]
+    st = G[:, -1].exp()[:, None, None] * st + (kc * tail).transpose(1, 2) @ u
+    return o.transpose(0, 1), st
+
+
+# --------------------------------------------------------------------------------------------
 # Fake (meta) kernels so the ops trace under torch.compile
 # --------------------------------------------------------------------------------------------
 
@@ -493,6 +704,27 @@ def _register_fakes() -> None:
     @reg(lib + "quant_embedding")
     def _(ids, weight, format, num_rows):
         return ids.new_empty(*ids.shape, weight.shape[1] * QUANT_BLOCK, dtype=torch.float32)
+
+
+    @reg(lib + "causal_conv1d")
+    def _(x, w, cs, slots, cu, mq, ckpt):
+        return x.new_empty(x.shape)
+
+    @reg(lib + "conv_state_commit")
+    def _(cs, slots, m, k):
+        return None
+
+    @reg(lib + "gated_delta_recurrent")
+    def _(q, k, v, a, b, al, dt, st, slots, cu, mq, rk, ru, rg, so):
+        return v.new_empty(v.shape, dtype=q.dtype)
+
+    @reg(lib + "gated_delta_replay")
+    def _(st, rk, ru, rg, slots, m):
+        return None
+
+    @reg(lib + "gated_delta_chunk")
+    def _(q, k, v, a, b, al, dt, st, slots, cu, mq):
+        return v.new_empty(v.shape, dtype=q.dtype)
 
 
 _register_fakes()

@@ -100,3 +100,72 @@ def rel_err(a, b):
     a, b = a.double(), b.double()
     assert torch.isfinite(a).all(), "output has NaN/inf"
     return float((a - b).norm() / b.norm().clamp_min(1e-12))
+
+
+def cu_seqlens(lens, device="cpu"):
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32,
+                        device=device)
+
+
+def gdn_case(lens, hk, hv, dk, dv, num_slots, dtype, device, seed, ring_len=0):
+    """Inputs of the gated delta rule for sequences of `lens` tokens. q, k, v, a, b are strided
+    row views of one fused projection (as the model slices them); every sequence gets a distinct
+    random slot, and the last sequence is padding (slot -1) when there are several. Rings start
+    poisoned with NaN."""
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(lens)
+    cols = [hk * dk, hk * dk, hv * dv, hv, hv]
+    edges = [0] + torch.tensor(cols).cumsum(0).tolist()
+    proj = torch.randn(n, edges[-1] + 3, generator=gen).to(dtype=dtype, device=device)  # +3: padded rows
+    q, k, v, a, b = (proj[:, lo:hi] for lo, hi in zip(edges[:-1], edges[1:]))
+    slots = torch.randperm(num_slots, generator=gen)[:len(lens)].to(torch.int32)
+    if len(lens) > 1:
+        slots[-1] = -1
+    case = dict(q=q.view(n, hk, dk), k=k.view(n, hk, dk), v=v.view(n, hv, dv), a=a, b=b,
+                A_log=torch.empty(hv).uniform_(1, 16, generator=gen).log().to(device),
+                dt_bias=(torch.randn(hv, generator=gen) * 0.5).to(device),
+                state=(torch.randn(num_slots, hv, dk, dv, generator=gen) * 0.1).to(device),
+                state_slots=slots.to(device), cu_q=cu_seqlens(lens, device), max_q_len=max(lens))
+    if ring_len:
+        f32 = dict(dtype=torch.float32, device=device)
+        case.update(ring_k=torch.full((num_slots, ring_len, hk, dk), float("nan"), **f32),
+                    ring_u=torch.full((num_slots, ring_len, hv, dv), float("nan"), **f32),
+                    ring_g=torch.full((num_slots, ring_len, hv), float("nan"), **f32))
+    return case
+
+
+GDN_INPUTS = ("q", "k", "v", "a", "b", "A_log", "dt_bias")
+
+
+def gdn_args(case, *names):
+    return tuple(case[n] for n in names)
+
+
+def conv_case(lens, channels, kernel, width, num_slots, dtype, device, seed):
+    """Inputs of causal_conv1d: a strided x (a column slice of a wider projection), windows of
+    random past inputs, shuffled slots and a padding sequence (slot -1) when there are several."""
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(lens)
+    x = torch.randn(n, channels + 5, generator=gen).to(dtype=dtype, device=device)[:, 2:2 + channels]
+    weight = (torch.randn(channels, kernel, generator=gen) * 0.5).to(dtype=dtype, device=device)
+    state = torch.randn(num_slots, width, channels, generator=gen).to(dtype=dtype, device=device)
+    slots = torch.randperm(num_slots, generator=gen)[:len(lens)].to(torch.int32)
+    if len(lens) > 1:
+        slots[-1] = -1
+    return x, weight, state, slots.to(device), cu_seqlens(lens, device), max(lens)
+
+
+def decode_one_by_one(case, state, accepted, blk, step):
+    """Plain decode of the first accepted[b] tokens of each block of `case` (sequence b owns
+    rows b*blk..): one token per sequence and call, ``step(step_case, state)``."""
+    device = case["q"].device
+    for t in range(blk):
+        live = [b for b in range(len(accepted)) if t < int(accepted[b])]
+        if not live:
+            break
+        rows = torch.tensor([b * blk + t for b in live], dtype=torch.long, device=device)
+        one = {name: case[name][rows] for name in ("q", "k", "v", "a", "b")}
+        one.update(A_log=case["A_log"], dt_bias=case["dt_bias"], max_q_len=1,
+                   state_slots=case["state_slots"][live],
+                   cu_q=cu_seqlens([1] * len(live), device))
+        step(one, state)

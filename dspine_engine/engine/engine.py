@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..models.config import TargetConfig
+from ..models.config import ModelConfigError, TargetConfig
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from ..models.tokenizer import Tokenizer
@@ -160,6 +160,9 @@ class Engine:
         self.target = (load_gguf_target(gguf_path, progress) if self.quantized else
                        TargetModel.load(target_dir, self.device, self.dtype, progress=progress))
         cfg: TargetConfig = self.target.config
+        if cfg.num_kv_layers != cfg.num_layers:
+            raise ModelConfigError("hybrid (Gated DeltaNet) targets are not served by the engine "
+                                   "yet: their recurrent-state cache is still to come")
         self.draft = None
         if draft is not None:
             self.draft = DSpineDraft.load(resolve_draft_path(draft), self.device, self.dtype,

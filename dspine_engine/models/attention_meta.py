@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .recurrent_state import RecurrentMeta
+
 
 @dataclass
 class AttnMeta:
@@ -21,6 +23,7 @@ class AttnMeta:
     cu_q: torch.Tensor  # [b + 1]
     max_q_len: int
     causal: bool = True
+    recurrent: RecurrentMeta | None = None  # hybrid targets: where each sequence's state lives
 
     @property
     def num_tokens(self) -> int:

@@ -65,38 +65,32 @@ class TargetConfig:
     layer_windows: list[int] = field(default_factory=list)  # 0 = full attention
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    rotary_dim: int | None = None  # partial RoPE: dims of a head that rotate (None = all)
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers that keep paged K/V (every layer of a pure-attention model)."""
+        return self.num_layers
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "TargetConfig":
+        """The config of any supported target; hybrid (Gated DeltaNet) architectures give a
+        HybridConfig."""
+        from .hybrid_config import HYBRID_ARCHITECTURES, HybridConfig, refuse_unsupported_hybrid
+
         arch = (cfg.get("architectures") or [None])[0]
+        if arch in HYBRID_ARCHITECTURES:
+            return HybridConfig.from_hf(cfg)
+        refuse_unsupported_hybrid(arch)
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelConfigError(
-                f"unsupported architecture {arch!r}; supported: {sorted(SUPPORTED_ARCHITECTURES)}")
-        flavour = SUPPORTED_ARCHITECTURES[arch]
+            supported = sorted(SUPPORTED_ARCHITECTURES) + sorted(HYBRID_ARCHITECTURES)
+            raise ModelConfigError(f"unsupported architecture {arch!r}; supported: {supported}")
+        return cls.from_llama_family(cfg, SUPPORTED_ARCHITECTURES[arch])
+
+    @classmethod
+    def from_llama_family(cls, cfg: dict, flavour: str) -> "TargetConfig":
         with config_fields("config.json"):
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-            layers = int(cfg["num_hidden_layers"])
-            c = cls(
-                flavour=flavour,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=layers,
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(_rope_theta(cfg)),
-                rope_scaling=_rope_scaling(cfg),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                qkv_bias=flavour == "qwen2" or bool(cfg.get("attention_bias", False)),
-                qk_norm=flavour == "qwen3",
-                layer_windows=_layer_windows(cfg, layers),
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=_as_list(cfg.get("eos_token_id")),
-            )
+            c = cls(**decoder_fields(cfg, flavour))
         c.validate()
         return c
 
@@ -112,6 +106,34 @@ class TargetConfig:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers"):
             if getattr(self, name) <= 0:
                 raise ModelConfigError(f"{name} must be positive")
+
+
+def decoder_fields(cfg: dict, flavour: str) -> dict:
+    """The TargetConfig fields every decoder config spells the same way (call inside
+    `config_fields`, which turns a missing or mistyped field into a ModelConfigError)."""
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    layers = int(cfg["num_hidden_layers"])
+    return dict(
+        flavour=flavour,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(_rope_theta(cfg)),
+        rope_scaling=_rope_scaling(cfg),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=flavour == "qwen2" or bool(cfg.get("attention_bias", False)),
+        qk_norm=flavour == "qwen3",
+        layer_windows=_layer_windows(cfg, layers),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=_as_list(cfg.get("eos_token_id")),
+    )
 
 
 def _as_list(x) -> list[int]:

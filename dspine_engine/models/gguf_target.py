@@ -113,6 +113,7 @@ def _layer(raw: _TensorReader, cfg: TargetConfig, i: int) -> TargetLayer:
         gate_up=_quant(raw, [p + "ffn_gate.weight", p + "ffn_up.weight"], cfg),
         down=_quant(raw, [p + "ffn_down.weight"], cfg),
         window=0,
+        kv_index=i,
     )
 
 

@@ -33,6 +33,8 @@ class TargetLayer:
     gate_up: Dense | QuantWeight  # gate | up fused
     down: Dense | QuantWeight
     window: int
+    kv_index: int  # which K/V cache of the model this layer writes and reads
+    output_gate: bool = False  # q | k | v | gate: attention output * sigmoid(gate) (Qwen3-Next)
 
 
 class TargetModel:
@@ -60,7 +62,7 @@ class TargetModel:
         cfg = TargetConfig.from_dir(model_dir)
         store = WeightStore(checkpoint_files(model_dir), desc="loading target", progress=progress)
         store.load_all()
-        return cls.from_store(cfg, store, device, dtype)
+        return target_class(cfg).from_store(cfg, store, device, dtype)
 
     @classmethod
     def from_store(cls, cfg: TargetConfig, store: WeightStore, device, dtype) -> "TargetModel":
@@ -92,6 +94,7 @@ class TargetModel:
                     get(p + "mlp.up_proj.weight", (cfg.intermediate_size, h))])),
                 down=Dense(get(p + "mlp.down_proj.weight", (h, cfg.intermediate_size))),
                 window=cfg.layer_windows[i] if cfg.layer_windows else 0,
+                kv_index=i,
             ))
         embed = get("model.embed_tokens.weight", (cfg.vocab_size, h))
         if cfg.tie_word_embeddings or not store.has("lm_head.weight"):
@@ -105,7 +108,7 @@ class TargetModel:
     def _rope_table(self, positions: int) -> torch.Tensor:
         c = self.config
         return ops.rope_cos_sin(c.head_dim, positions, c.rope_theta, c.rope_scaling,
-                                device=self.device)
+                                device=self.device, rotary_dim=c.rotary_dim)
 
     def cover_positions(self, positions: int) -> None:
         """Extends the RoPE table to ``positions`` rows. The engine's last verify block of a full
@@ -126,31 +129,17 @@ class TargetModel:
         ``logits`` covers ``logit_rows`` (all rows when None); ``taps [N, len(tap_layers)*H]``
         concatenates the outputs of the requested layers (the draft's context), or is None."""
         cfg = self.config
-        n = tokens.shape[0]
         hidden = embedding_rows(self.embed, tokens)
         residual = None
         taps: dict[int, torch.Tensor] = {}
         if any(not 0 <= t < cfg.num_layers for t in tap_layers):
             raise ValueError(f"tap layers {tap_layers} outside 0..{cfg.num_layers - 1}")
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         for i, layer in enumerate(self.layers):
             if residual is None:
                 x, residual = ops.rms_norm(hidden, layer.in_norm, cfg.rms_norm_eps), hidden
             else:
                 x, residual = ops.add_rms_norm(hidden, residual, layer.in_norm, cfg.rms_norm_eps)
-            qkv = layer.qkv(x)
-            q = qkv[:, :q_size].view(n, cfg.num_heads, cfg.head_dim)
-            k = qkv[:, q_size:q_size + kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
-            v = qkv[:, q_size + kv_size:].view(n, cfg.num_kv_heads, cfg.head_dim)
-            if layer.q_norm is not None:
-                q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
-                k = ops.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-            q = ops.rope(q, meta.positions, self.cos_sin)
-            ops.write_kv(k, v, meta.positions, self.cos_sin, k_caches[i], v_caches[i], meta.slots)
-            attn = ops.paged_attention(q, k_caches[i], v_caches[i], meta.block_tables,
-                                       meta.kv_lens, meta.cu_q, meta.max_q_len, meta.causal,
-                                       layer.window, self.scale)
-            hidden = layer.o(attn.view(n, q_size))
+            hidden = self._mix(layer, x, meta, k_caches, v_caches)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, cfg.rms_norm_eps)
             gate_up = layer.gate_up(x)
             inter = cfg.intermediate_size
@@ -163,3 +152,36 @@ class TargetModel:
         logits = self.lm_head_dense(x)
         tapped = torch.cat([taps[t] for t in tap_layers], dim=-1) if tap_layers else None
         return logits, tapped
+
+    def _mix(self, layer, x, meta: AttnMeta, k_caches, v_caches) -> torch.Tensor:
+        """The layer's token mixer (here always attention); x is the normed hidden state."""
+        return self._attention(layer, x, meta, k_caches[layer.kv_index],
+                               v_caches[layer.kv_index])
+
+    def _attention(self, layer: TargetLayer, x, meta: AttnMeta, k_cache, v_cache):
+        cfg = self.config
+        n = x.shape[0]
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        qkv = layer.qkv(x)
+        q = qkv[:, :q_size].view(n, cfg.num_heads, cfg.head_dim)
+        k = qkv[:, q_size:q_size + kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = qkv[:, q_size + kv_size:q_size + 2 * kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
+        if layer.q_norm is not None:
+            q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+            k = ops.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+        q = ops.rope(q, meta.positions, self.cos_sin)
+        ops.write_kv(k, v, meta.positions, self.cos_sin, k_cache, v_cache, meta.slots)
+        attn = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.kv_lens,
+                                   meta.cu_q, meta.max_q_len, meta.causal, layer.window,
+                                   self.scale).view(n, q_size)
+        if layer.output_gate:
+            attn = attn * torch.sigmoid(qkv[:, q_size + 2 * kv_size:])
+        return layer.o(attn)
+
+
+def target_class(cfg: TargetConfig) -> type[TargetModel]:
+    """The model class that implements a config: hybrid configs get HybridTargetModel."""
+    from .hybrid import HybridTargetModel
+    from .hybrid_config import HybridConfig
+
+    return HybridTargetModel if isinstance(cfg, HybridConfig) else TargetModel
