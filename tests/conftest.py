@@ -36,3 +36,14 @@ def smollm2_engine(smollm2_dir):
     from dspine_engine import Engine
 
     return Engine(smollm2_dir, progress=False, max_num_seqs=32)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_target(tmp_path_factory, smollm2_dir):
+    """A tiny target with a 512-token vocabulary and larger embeddings (so a draft can reach
+    confident logits in a few steps); used where no tokenizer is needed."""
+    from dspine_engine.models.target import TargetModel
+
+    path = write_tiny_model(tmp_path_factory.mktemp("tiny512"), "llama", smollm2_dir,
+                            vocab_size=512, initializer_range=0.2)
+    return TargetModel.load(path, progress=False)
