@@ -230,3 +230,19 @@ def test_flop_count_matches_torch_counter(small_vocab_target):
     ours = draft_step_flops(draft.config, batch[1].tolist(), int(blocks.keep.sum()),
                             int(blocks.valid.sum()), ce_terms(draft.config, 1.0))
     assert 0.75 * counted <= ours <= 1.25 * counted, (ours, counted)
+
+
+def test_merge_keeps_the_first_record_of_each_prompt(tmp_path, capsys):
+    from dspine_engine.cli.train import main
+    from dspine_engine.train.data import read_samples
+
+    a, b = _records(n=3), _records(n=4, seed=1)  # b's first 3 prompts repeat a's
+    for path, recs in ((tmp_path / "a.jsonl", a), (tmp_path / "b.jsonl", b)):
+        path.write_text("".join(json.dumps({**r, "index": 7}) + "\n" for r in recs))
+    out = tmp_path / "all.jsonl"
+    assert main(["merge", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--out",
+                 str(out)]) == 0
+    merged = read_samples(out)
+    assert [r["response_ids"] for r in merged] == [r["response_ids"] for r in a + b[3:]]
+    assert [r["index"] for r in merged] == [0, 1, 2, 3]
+    assert "3 repeated prompts dropped" in capsys.readouterr().err

@@ -23,7 +23,10 @@ Train a DSpine draft model for a target model, in two steps (and an optional fir
         online. Writes OUT/config.json + OUT/model*.safetensors (load with
         Engine(target, draft=OUT) or dspine-generate --draft OUT) and OUT/train_state/ for
         --resume. --ablation dflash trains the same architecture without injection and
-        transition (the DFlash baseline) under the same budget.
+        transition (the DFlash baseline) under the same budget; --ablation-out DIR trains
+        that baseline side by side with the DSpine draft, on the same batches.
+  merge joins data files from several generators (one per GPU or process), dropping
+        repeated prompts.
 
 The target defaults to SmolLM2-135M-Instruct (fetched once into $DSPINE_CACHE). See
 docs/TRAINING.md for the losses, masks and recommended GPU commands."""
@@ -235,6 +238,16 @@ def _fit_parser(sub) -> None:
                    help="share of the data (its last records, at most 256) held out")
 
 
+def _merge_parser(sub) -> None:
+    p = sub.add_parser("merge", help="merge data files, dropping repeated prompts",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Concatenate JSONL files from several `dspine-train data` "
+                                   "runs (e.g. one per GPU or process) in the order given, keep "
+                                   "the first record of every prompt and renumber the indices.")
+    p.add_argument("parts", nargs="+", help="data files, in order")
+    p.add_argument("--out", required=True, help="merged JSONL (replaced atomically)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dspine-train", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -242,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     _prompts_parser(sub)
     _data_parser(sub)
     _fit_parser(sub)
+    _merge_parser(sub)
     return p
 
 
@@ -398,6 +412,15 @@ def run_fit(args, t_start: float) -> int:
     return 0
 
 
+def run_merge(args) -> int:
+    from ..train.data import merge_samples
+
+    counts = merge_samples([Path(p) for p in args.parts], Path(args.out))
+    print(f"{args.out}: {counts['records']} records, {counts['response_tokens']} response "
+          f"tokens ({counts['duplicates_dropped']} repeated prompts dropped)", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     t_start = time.monotonic()
     args = build_parser().parse_args(argv)
@@ -408,6 +431,8 @@ def main(argv=None) -> int:
             return main_prompts(args)
         if args.command == "data":
             return run_data(args)
+        if args.command == "merge":
+            return run_merge(args)
         return run_fit(args, t_start)
     except (ValueError, FileNotFoundError) as e:
         print(f"dspine-train {args.command}: {e}", file=sys.stderr)

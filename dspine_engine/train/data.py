@@ -60,6 +60,29 @@ def read_samples(path: Path) -> list[dict]:
     return records
 
 
+def merge_samples(parts: list[Path], out: Path) -> dict:
+    """Concatenates data files (in the given order) into ``out``, dropping records whose prompt
+    was already seen (the same token ids: generators with overlapping prompts or seeds), and
+    renumbers the indices from 0 (the turns of one conversation keep sharing theirs).
+    Deterministic: the same parts in the same order give the same file. Returns counts."""
+    seen, new_index, kept, dropped, tokens = set(), {}, 0, 0, 0
+    tmp = Path(out).with_suffix(Path(out).suffix + ".tmp")
+    with open(tmp, "w") as f:
+        for n, part in enumerate(parts):
+            for rec in read_samples(Path(part)):
+                key = tuple(rec["prompt_ids"])
+                if key in seen:
+                    dropped += 1
+                    continue
+                seen.add(key)
+                rec["index"] = new_index.setdefault((n, rec.get("index")), len(new_index))
+                f.write(json.dumps(rec) + "\n")
+                kept += 1
+                tokens += len(rec["response_ids"])
+    tmp.replace(out)
+    return {"records": kept, "duplicates_dropped": dropped, "response_tokens": tokens}
+
+
 def _drop_torn_tail(path: Path) -> None:
     """Cuts what a kill mid-write leaves: a torn last line, and the records of a multi-turn
     conversation whose later turns were not written (a conversation is written in one go, so
