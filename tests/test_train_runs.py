@@ -238,11 +238,18 @@ def test_merge_keeps_the_first_record_of_each_prompt(tmp_path, capsys):
 
     a, b = _records(n=3), _records(n=4, seed=1)  # b's first 3 prompts repeat a's
     for path, recs in ((tmp_path / "a.jsonl", a), (tmp_path / "b.jsonl", b)):
-        path.write_text("".join(json.dumps({**r, "index": 7}) + "\n" for r in recs))
+        path.write_text("".join(json.dumps({**r, "index": 7 + i}) + "\n"
+                                for i, r in enumerate(recs)))
     out = tmp_path / "all.jsonl"
     assert main(["merge", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--out",
                  str(out)]) == 0
     merged = read_samples(out)
     assert [r["response_ids"] for r in merged] == [r["response_ids"] for r in a + b[3:]]
     assert [r["index"] for r in merged] == [0, 1, 2, 3]
+    # The turns of one conversation share an index, before and after.
+    turns = [{**a[0], "index": 5, "turn": 0}, {**b[3], "index": 5, "turn": 1}]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in turns))
+    assert main(["merge", str(tmp_path / "a.jsonl"), str(tmp_path / "c.jsonl"), "--out",
+                 str(out)]) == 0
+    assert [r["index"] for r in read_samples(out)] == [0, 1, 2, 3]  # a[0] repeats; b[3] new
     assert "3 repeated prompts dropped" in capsys.readouterr().err
