@@ -72,12 +72,12 @@ if [ "$MODE" = data ]; then
   python3 -c "from dspine_engine.models.default_model import default_model_dir as d; print(d(progress=False))" || exit 1
   mkdir -p $S/data
   timeout 180 python3 -m dspine_engine.cli.train prompts --out $S/prompts.jsonl --num $NUM_PROMPTS \
-    --seed $SEED --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT > $R/logs/prompts.log 2>&1
+    --seed $SEED --magpie-share 0.05 --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT --quiet > $R/logs/prompts.log 2>&1
   say "prompts rc $? : $(tail -2 $R/logs/prompts.log | tr '\n' ' ')"
   split -n l/$DATA_PROCS -d $S/prompts.jsonl $S/data/prompts_
   gen() {  # $1 prompts file, $2 output, $3 seed, $4 minutes
     CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=2 setsid nohup python3 -m dspine_engine.cli.train data \
-      --prompts $1 --out $2 --seed $3 --max-new-tokens 512 --max-num-seqs 256 --chunk 2048 \
+      --prompts $1 --out $2 --seed $3 --max-new-tokens 512 --max-num-seqs 256 \
       --kv-cache-tokens 400000 --sampled-share 0.2 --max-minutes $4 --quiet \
       > $R/logs/$(basename $2 .jsonl).log 2>&1 < /dev/null &
   }

@@ -99,10 +99,9 @@ def _data_parser(sub) -> None:
     p.add_argument("--keep-truncated", action="store_true",
                    help="keep user prompts cut at --user-max-tokens (for tiny test models that "
                         "never end a turn)")
-    p.add_argument("--chunk", type=int, default=256,
-                   help="prompts per batched generation call (and per append to the file)")
-    p.add_argument("--max-num-seqs", type=int, default=128,
-                   help="sequences the engine decodes concurrently")
+    p.add_argument("--max-num-seqs", type=int, default=256,
+                   help="sequences the engine decodes concurrently (new requests are added as "
+                        "others finish, so the batch stays full)")
     p.add_argument("--dtype", default="auto", help="target dtype (auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="run the engine's forwards eagerly on CUDA")
@@ -279,7 +278,7 @@ def run_data(args) -> int:
                            sampled_temperature=args.sampled_temperature,
                            user_temperature=args.user_temperature, user_top_p=args.user_top_p,
                            user_max_tokens=args.user_max_tokens,
-                           keep_truncated=args.keep_truncated, chunk=args.chunk, seed=args.seed)
+                           keep_truncated=args.keep_truncated, seed=args.seed)
     done = DataGenerator(engine, Path(args.out), cfg).run(num, prompts, args.max_minutes)
     print(f"{args.out}: {done} records", file=sys.stderr)
     return 0
