@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One drafter session on a single H200 (kind nvidia-h200), as device calls made back to back
+# One drafter session on H200s (kind nvidia-h200; the same calls use every GPU of an -x2/-x4/-x8
+# machine: data generation and training run under torchrun, one rank per GPU for training,
+# DATA_PROCS generator ranks per GPU), as device calls made back to back
 # while the machine stays warm (each call within 30 s of the previous one's end).
 # First, here: `bash benchmarks/h200_prepare.sh` (splits the GGUF into .stage_1..N to fit the
 # 64 MiB a call carries beside the tree, fetches the wheels) and prints the calls:
@@ -8,10 +10,10 @@
 #               installs the wheels and starts the extension build (detached); every K adds its
 #               part of the GGUF; K=N assembles and checks it.                        ~20 s each
 #   data        converts the model, builds the prompt corpus and its held-out set, then runs
-#               DATA_PROCS generators (detached) for DATA_MIN minutes while the GPU tests and
-#               the step table run beside them; merges the parts.                    ~8.5 min
-#   fit         DSpine and its DFlash twin side by side (one process, same batches), sized to
-#               FIT_MIN minutes, checkpoints chosen on the held-out set.            ~FIT_MIN+1
+#               the generators (detached) for DATA_MIN minutes while the GPU tests and memcheck
+#               run beside them; rank 0 merges the shards.                           ~7.5 min
+#   fit         DSpine and its DFlash twin side by side (same batches; DDP over the GPUs),
+#               sized to FIT_MIN minutes, checkpoints chosen on the held-out set.   ~FIT_MIN+1
 #   measure     acceptance on HumanEval/MT-Bench at T=0/1 for both drafters, GPU lossless
 #               check, end to end AR vs DSpine vs DFlash; returns results + drafters. ~6 min
 #
@@ -23,7 +25,9 @@ MODE=${1:-}
 W=/root/work S=/root/stage R=/root/stage/results
 export PYTHONPATH=$W:/root/site PYTHONUNBUFFERED=1 DSPINE_CACHE=/root/cache
 export DSPINE_SMOLLM2_GGUF=$S/smollm2.gguf
-DATA_MIN=${DATA_MIN:-6} DATA_PROCS=${DATA_PROCS:-4} FIT_MIN=${FIT_MIN:-7.5}
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
+DATA_MIN=${DATA_MIN:-5.5} DATA_PROCS=${DATA_PROCS:-4} FIT_MIN=${FIT_MIN:-6.5}  # per GPU: procs
+BATCH=${BATCH:-$(( 64 / GPUS > 16 ? 64 / GPUS : 16 ))} LR=${LR:-6e-4}  # per-rank batch
 NUM_PROMPTS=${NUM_PROMPTS:-400000} HELDOUT=${HELDOUT:-384} SEED=${SEED:-1}
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
 t0=$(date +%s)
@@ -70,19 +74,19 @@ wait_build() {
 if [ "$MODE" = data ]; then
   sync_tree; cd $W; wait_build
   python3 -c "from dspine_engine.models.default_model import default_model_dir as d; print(d(progress=False))" || exit 1
-  mkdir -p $S/data
   timeout 180 python3 -m dspine_engine.cli.train prompts --out $S/prompts.jsonl --num $NUM_PROMPTS \
     --seed $SEED --magpie-share 0.05 --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT --quiet > $R/logs/prompts.log 2>&1
   say "prompts rc $? : $(tail -2 $R/logs/prompts.log | tr '\n' ' ')"
-  split -n l/$DATA_PROCS -d $S/prompts.jsonl $S/data/prompts_
-  gen() {  # $1 prompts file, $2 output, $3 seed, $4 minutes
-    CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=2 setsid nohup python3 -m dspine_engine.cli.train data \
-      --prompts $1 --out $2 --seed $3 --max-new-tokens 512 --max-num-seqs 256 \
-      --kv-cache-tokens 400000 --sampled-share 0.2 --max-minutes $4 --quiet \
-      > $R/logs/$(basename $2 .jsonl).log 2>&1 < /dev/null &
+  # One torchrun: DATA_PROCS generator ranks per GPU, each answering every W-th prompt into its
+  # own shard; rank 0 merges the shards into data.jsonl at the end (dspine-train merge's rule).
+  gen() {  # $1 ranks, $2 prompts file, $3 output, $4 seed, $5 minutes
+    OMP_NUM_THREADS=2 setsid nohup python3 -m torch.distributed.run --nproc-per-node $1 --master-port $((29500 + $4 % 100)) \
+      -m dspine_engine.cli.train data --prompts $2 --out $3 --seed $4 --max-new-tokens 512 \
+      --max-num-seqs 256 --kv-cache-tokens 400000 --sampled-share 0.2 --max-minutes $5 --quiet \
+      > $R/logs/$(basename $3 .jsonl).log 2>&1 < /dev/null &
   }
-  gen $S/heldout_prompts.jsonl $S/heldout.jsonl 999 2
-  for f in $S/data/prompts_*; do gen $f $S/data/part_${f##*_}.jsonl $SEED $DATA_MIN; done
+  gen 1 $S/heldout_prompts.jsonl $S/heldout.jsonl 999 2
+  gen $((GPUS * DATA_PROCS)) $S/prompts.jsonl $S/data.jsonl $SEED $DATA_MIN
   say "generators started"
   # Beside them (the GPU has room): every GPU test, then memcheck over the kernel tests.
   timeout 240 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
@@ -91,17 +95,16 @@ if [ "$MODE" = data ]; then
     -k "paged_attention or walk or block_verify or injection or rope" > $R/logs/memcheck.log 2>&1
   say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
   while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
-  python3 -m dspine_engine.cli.train merge $S/data/part_*.jsonl --out $S/data.jsonl 2> $S/data_stats.txt
-  for f in $R/logs/part_*.log $R/logs/heldout.log; do echo "$f: $(tail -c 400 $f | tr '\r' '\n' | tail -2 | tr '\n' ' ')"; done >> $S/data_stats.txt
+  for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
   say "data: $(head -1 $S/data_stats.txt)"; pack; exit 0
 fi
 
 if [ "$MODE" = fit ]; then
   sync_tree; cd $W
   init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
-  CUDA_VISIBLE_DEVICES=0 python3 -m dspine_engine.cli.train fit --data $S/data.jsonl \
+  python3 -m torch.distributed.run --nproc-per-node $GPUS -m dspine_engine.cli.train fit --data $S/data.jsonl \
     --eval-data $S/heldout.jsonl --out $R/dspine --ablation-out $R/dflash $init \
-    --steps auto --max-minutes $FIT_MIN --batch-size 64 --lr 6e-4 --save-every 250 \
+    --steps auto --max-minutes $FIT_MIN --batch-size $BATCH --lr $LR --save-every 250 \
     --eval-batches 6 --log-every 20 --quiet > $R/logs/fit.log 2>&1
   say "fit rc $? : $(tail -c 600 $R/logs/fit.log | tr '\r' '\n' | tail -3 | tr '\n' ' ')"
   pack; exit 0

@@ -260,16 +260,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ------------------------------------------------------------------------------------- data
 def run_data(args) -> int:
+    import datetime
+
     from .. import Engine
-    from ..train.data import DataGenerator, GenerationConfig, load_prompts
+    from ..engine.engine import resolve_device
+    from ..train.data import DataGenerator, GenerationConfig, load_prompts, merge_samples
+    from ..train.distributed import init_from_env, shutdown
 
     prompts = load_prompts(Path(args.prompts)) if args.prompts else None
     if prompts is None and args.num is None:
         print("dspine-train data: give --num (records to self-generate) or --prompts",
               file=sys.stderr)
         return 2
-    num = args.num if args.num is not None else len(prompts)
-    engine = Engine(args.target, device=args.device, dtype=args.dtype,
+    device = resolve_device(args.device)
+    # torchrun: rank r answers prompts r, r + W, ... into its own shard; rank 0 merges them.
+    ctx = init_from_env(device.type, backend="gloo", timeout=datetime.timedelta(days=1))
+    device = ctx.device(device)
+    out, total = Path(args.out), args.num if args.num is not None else len(prompts)
+    num = len(ctx.shard(range(total)))  # this rank's share of the records
+    if ctx.active:
+        out = out.with_name(f"{out.name}.rank{ctx.rank}")
+        prompts = ctx.shard(prompts) if prompts is not None else None
+    engine = Engine(args.target, device=device, dtype=args.dtype,
                     max_num_seqs=args.max_num_seqs, cuda_graphs=args.cuda_graphs,
                     kv_cache_tokens=args.kv_cache_tokens, progress=not args.quiet)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens,
@@ -278,9 +290,19 @@ def run_data(args) -> int:
                            sampled_temperature=args.sampled_temperature,
                            user_temperature=args.user_temperature, user_top_p=args.user_top_p,
                            user_max_tokens=args.user_max_tokens,
-                           keep_truncated=args.keep_truncated, seed=args.seed)
-    done = DataGenerator(engine, Path(args.out), cfg).run(num, prompts, args.max_minutes)
-    print(f"{args.out}: {done} records", file=sys.stderr)
+                           keep_truncated=args.keep_truncated,
+                           seed=args.seed + 1_000_033 * ctx.rank)  # ranks draw apart
+    done = DataGenerator(engine, out, cfg).run(num, prompts, args.max_minutes)
+    print(f"{out}: {done} records", file=sys.stderr)
+    if ctx.active:
+        ctx.barrier()
+        if ctx.is_main:
+            shards = [Path(args.out).with_name(f"{Path(args.out).name}.rank{r}")
+                      for r in range(ctx.world)]
+            counts = merge_samples(shards, Path(args.out))
+            print(f"{args.out}: {counts['records']} records merged from {ctx.world} ranks "
+                  f"({counts['duplicates_dropped']} repeated prompts dropped)", file=sys.stderr)
+        shutdown(ctx)
     return 0
 
 
@@ -354,6 +376,7 @@ def run_fit(args, t_start: float) -> int:
     from ..models.default_model import resolve_model_path
     from ..models.target import TargetModel
     from ..train.data import read_samples
+    from ..train.distributed import init_from_env, shutdown
     from ..train.trainer import (SequenceData, Trainer, load_draft_for_resume, resume_config,
                                  split_records)
 
@@ -368,10 +391,13 @@ def run_fit(args, t_start: float) -> int:
         for item in ignored:
             print(f"--resume: ignoring {item}", file=sys.stderr)
     device = resolve_device(args.device)
+    ctx = init_from_env(device.type)  # torchrun: one rank per GPU (or CPU process, gloo)
+    device = ctx.device(device)
+    say = print if ctx.is_main else (lambda *a, **k: None)
     dtype = resolve_dtype("bfloat16" if cfg.bf16 and device.type == "cuda" else "float32",
                           device)
     target = TargetModel.load(resolve_model_path(args.target), device, dtype,
-                              progress=not args.quiet)
+                              progress=not args.quiet and ctx.is_main)
     records = read_samples(Path(args.data))
     if args.eval_data:
         train_recs, eval_recs = records, read_samples(Path(args.eval_data))
@@ -379,7 +405,7 @@ def run_fit(args, t_start: float) -> int:
         train_recs, eval_recs = split_records(records, args.eval_fraction)
     data_info = {"path": str(Path(args.data).resolve()), "records": len(records)}
     if saved is not None and saved[1][0].get("data") != data_info:
-        print(f"--resume: the data differs from the saved run's ({saved[1][0].get('data')})",
+        say(f"--resume: the data differs from the saved run's ({saved[1][0].get('data')})",
               file=sys.stderr)
     if saved is not None:
         draft = load_draft_for_resume(outs[0])
@@ -391,22 +417,28 @@ def run_fit(args, t_start: float) -> int:
     cfg.max_len = min(cfg.max_len, target.config.max_position_embeddings - draft.config.block_size)
     trainer = Trainer(target, draft, SequenceData(train_recs, cfg.max_len),
                       SequenceData(eval_recs, cfg.max_len), cfg, outs[0], data_info,
-                      ablation=(twin, outs[1]) if twin is not None else None)
+                      ablation=(twin, outs[1]) if twin is not None else None, dist_ctx=ctx)
     if saved is not None:
         trainer.load_state(*saved)
-        print(f"resuming {outs[0]} at step {trainer.step}/{trainer.total_steps}", file=sys.stderr)
+        say(f"resuming {outs[0]} at step {trainer.step}/{trainer.total_steps}", file=sys.stderr)
+    if ctx.active:
+        say(f"data parallel over {ctx.world} ranks: {trainer.batch_size} sequences per rank, "
+            f"global batch {trainer.global_batch}", file=sys.stderr)
     for run in trainer.runs:
         c = run.draft.config
-        print(f"{run.name} draft -> {run.out}: {c.num_layers} layers, "
+        say(f"{run.name} draft -> {run.out}: {c.num_layers} layers, "
               f"{run.num_parameters / 1e6:.1f}M parameters, block {c.block_size}, taps "
               f"{c.target_layer_ids}, injection {c.injection}, transition {c.transition}",
               file=sys.stderr)
-    print(f"{len(trainer.data)} training sequences, {len(trainer.eval_data)} held-out",
-          file=sys.stderr)
-    finished = trainer.run(t_start)
+    say(f"{len(trainer.data)} training sequences, {len(trainer.eval_data)} held-out",
+        file=sys.stderr)
+    try:
+        finished = trainer.run(t_start)
+    finally:
+        shutdown(ctx)
     best = ", ".join(f"{r.name} best tau_walk {r.best:.3f} at step {r.best_step}"
                      for r in trainer.runs if r.best is not None)
-    print(f"{'finished' if finished else 'paused'} at step {trainer.step}/{trainer.total_steps}"
+    say(f"{'finished' if finished else 'paused'} at step {trainer.step}/{trainer.total_steps}"
           f"; draft in {outs[0]}" + (f"; {best}" if best else ""), file=sys.stderr)
     return 0
 

@@ -25,6 +25,7 @@ import torch
 
 from ..models.dspine import DSpineDraft
 from ..models.weights import WeightStore, checkpoint_files, save_checkpoint
+from .distributed import DistContext
 from .forward import TrainingForward
 from .losses import LossConfig, default_gamma, dspine_loss
 
@@ -32,18 +33,42 @@ SHARD_BYTES = 15 * 2**20  # files that come back from the GPU machine must stay 
 STATE_DIR = "train_state"
 
 
+class DraftLoss(torch.nn.Module):
+    """The draft's training forward + loss as one module, so that DistributedDataParallel can
+    wrap it (its parameters are the draft's)."""
+
+    def __init__(self, draft: DSpineDraft, target, loss_cfg: LossConfig):
+        super().__init__()
+        self.draft, self.loss_cfg = draft, loss_cfg
+        self.training_forward = TrainingForward(draft, target.embed, target.lm_head)
+        self.lm_head = target.lm_head  # frozen, not a parameter
+
+    def forward(self, taps, blocks, total=None):
+        out = self.training_forward(taps, blocks)
+        return dspine_loss(self.draft, self.lm_head, out, blocks, self.loss_cfg, total), out
+
+
 class DraftRun:
-    def __init__(self, name: str, draft: DSpineDraft, target, cfg, out_dir: Path, lr_factor):
-        """``lr_factor(step)`` is the schedule shared by every draft of the run."""
+    def __init__(self, name: str, draft: DSpineDraft, target, cfg, out_dir: Path, lr_factor,
+                 dist_ctx: DistContext | None = None):
+        """``lr_factor(step)`` is the schedule shared by every draft of the run; with a
+        data-parallel ``dist_ctx`` the draft trains under DistributedDataParallel and only rank
+        0 writes files."""
         self.name, self.cfg, self.out = name, cfg, Path(out_dir)
+        self.dist = dist_ctx or DistContext()
         self.draft = draft.to(target.device, torch.float32).train()
         c = draft.config
         self.loss_cfg = LossConfig(gamma=cfg.gamma or default_gamma(c.block_size),
                                    layer_weight=cfg.layer_weight,
                                    transition_weight=cfg.transition_weight,
                                    chunk_rows=cfg.ce_chunk)
-        self.forward = TrainingForward(draft, target.embed, target.lm_head)
-        self.lm_head = target.lm_head
+        self.module = DraftLoss(self.draft, target, self.loss_cfg)
+        self.parallel = self.module
+        if self.dist.active:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [target.device.index] if target.device.type == "cuda" else None
+            self.parallel = DistributedDataParallel(self.module, device_ids=ids)
         self.opt = torch.optim.AdamW(self._param_groups(), lr=cfg.lr, betas=(0.9, 0.95),
                                      fused=target.device.type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_factor)
@@ -63,10 +88,18 @@ class DraftRun:
         return sum(p.numel() for p in self.draft.parameters())
 
     # ------------------------------------------------------------------ one batch
-    def loss(self, taps, blocks, autocast: bool):
+    def loss(self, taps, blocks, autocast: bool, total=None, training: bool = False):
+        """(LossResult, DraftOutputs). ``training``: through the data-parallel wrapper, whose
+        backward averages the gradients over ranks."""
+        module = self.parallel if training else self.module
         with torch.autocast(taps.device.type, dtype=torch.bfloat16, enabled=autocast):
-            out = self.forward(taps, blocks)
-            return dspine_loss(self.draft, self.lm_head, out, blocks, self.loss_cfg), out
+            return module(taps, blocks, total)
+
+    def no_sync(self):
+        """Within gradient accumulation, skip the all-reduce until the last micro-batch."""
+        import contextlib
+
+        return self.parallel.no_sync() if self.dist.active else contextlib.nullcontext()
 
     def optimizer_step(self) -> torch.Tensor:
         norm = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), self.cfg.clip)
@@ -77,6 +110,8 @@ class DraftRun:
 
     # ------------------------------------------------------------------ logs
     def append_log(self, row: dict) -> None:
+        if not self.dist.is_main:
+            return
         self.out.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -91,11 +126,14 @@ class DraftRun:
     # ------------------------------------------------------------------ checkpoints
     def save_draft(self) -> None:
         """Writes the servable bf16 draft (config + shards) into OUT."""
-        self.draft.save(self.out, dtype=torch.bfloat16, max_shard_bytes=SHARD_BYTES)
+        if self.dist.is_main:
+            self.draft.save(self.out, dtype=torch.bfloat16, max_shard_bytes=SHARD_BYTES)
 
     def save_state(self, step: int, total_steps: int, data_info: dict) -> None:
         """Writes the resume state (fp32 master weights, AdamW moments, schedule); swapped in
         atomically, so a save cut short leaves the previous state usable."""
+        if not self.dist.is_main:
+            return
         tensors = {f"param.{n}": p.detach().float().cpu().contiguous()
                    for n, p in self.draft.named_parameters()}
         opt_state = self.opt.state_dict()

@@ -115,9 +115,19 @@ def vocab_cross_entropy(vectors: torch.Tensor, lm_head: torch.Tensor, targets: t
     return torch.cat(losses), (torch.cat(argmax) if want_argmax else None)
 
 
-def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum(w v) / sum(w); 0 (with a gradient path) when nothing counts."""
-    return (values * weights).sum() / weights.sum().clamp_min(1e-8)
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor,
+                  total: torch.Tensor | None = None) -> torch.Tensor:
+    """sum(w v) / sum(w) (or / ``total``); 0 (with a gradient path) when nothing counts."""
+    total = weights.sum() if total is None else total
+    return (values * weights).sum() / total.clamp_min(1e-8)
+
+
+def weight_total(blocks: Blocks, gamma: float) -> torch.Tensor:
+    """sum(w_j) over the batch's supervised positions: the denominator of every loss term
+    (data-parallel ranks add theirs up so that each rank's slice is weighted as in the whole)."""
+    valid = blocks.valid
+    return position_weights(valid.shape[-1] + 1, gamma, valid.device).expand_as(valid)[
+        valid].sum()
 
 
 @dataclass
@@ -137,16 +147,17 @@ class LossResult:
 
 
 def dspine_loss(draft: DSpineDraft, lm_head: torch.Tensor, out: DraftOutputs, blocks: Blocks,
-                cfg: LossConfig) -> LossResult:
+                cfg: LossConfig, total: torch.Tensor | None = None) -> LossResult:
     """The training loss of one batch; terms a draft does not have (a DFlash drafter: no
-    injection, no transition) are simply absent."""
+    injection, no transition) are simply absent. ``total`` replaces the batch's own sum of
+    position weights as every term's denominator (see `weight_total`)."""
     valid = blocks.valid
     w = position_weights(valid.shape[-1] + 1, cfg.gamma, valid.device).expand_as(valid)[valid]
     targets = blocks.targets[valid]
     hidden = out.hidden[valid]
 
     ce, top = vocab_cross_entropy(hidden, lm_head, targets, cfg.chunk_rows)
-    final = weighted_mean(ce, w)
+    final = weighted_mean(ce, w, total)
     loss, terms = final, {"final": final.detach()}
 
     if draft.transition is not None:
@@ -155,14 +166,14 @@ def dspine_loss(draft: DSpineDraft, lm_head: torch.Tensor, out: DraftOutputs, bl
         pair = (pred * tr.hidden_proj(hidden)) @ tr.succ.weight  # W_b^T (P[y_{j-1}] * G_j)
         tce, _ = vocab_cross_entropy(hidden + pair.to(hidden.dtype), lm_head, targets,
                                      cfg.chunk_rows, want_argmax=False)
-        transition = weighted_mean(tce, w)
+        transition = weighted_mean(tce, w, total)
         loss = loss + cfg.transition_weight * transition
         terms["transition"] = transition.detach()
 
     if out.features and cfg.layer_weight > 0:
         per_layer = [weighted_mean(vocab_cross_entropy(f[valid], lm_head, targets,
-                                                       cfg.chunk_rows, want_argmax=False)[0], w)
-                     for f in out.features]
+                                                       cfg.chunk_rows, want_argmax=False)[0], w,
+                                     total) for f in out.features]
         layers = torch.stack(per_layer).mean()
         loss = loss + cfg.layer_weight * layers
         terms["layers"] = layers.detach()

@@ -9,6 +9,7 @@ draft's optimizer, schedule and files).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -22,11 +23,12 @@ from ..models.draft_config import DraftConfig
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from .capture import TargetCapture
+from .distributed import DistContext
 from .draft_run import DraftRun, cosine_factor, find_state  # noqa: F401  (find_state: CLI)
 from .evaluation import EvalAccumulator, walk_correct, walk_tables
 from .flops import ce_terms, draft_step_flops, target_capture_flops
 from .forward import make_blocks, sample_anchors
-from .losses import block_metrics, merge_metrics, summarize_metrics
+from .losses import block_metrics, merge_metrics, summarize_metrics, weight_total
 
 CALIBRATION_STEPS = 20  # with steps=0: steps timed before the run is sized to its budget
 # Settings that may change when a run is resumed; all others are taken from the saved run.
@@ -103,9 +105,11 @@ class Trainer:
     def __init__(self, target: TargetModel, draft: DSpineDraft, data: SequenceData,
                  eval_data: SequenceData | None, cfg: TrainConfig, out_dir: Path,
                  data_info: dict | None = None,
-                 ablation: tuple[DSpineDraft, Path] | None = None):
+                 ablation: tuple[DSpineDraft, Path] | None = None,
+                 dist_ctx: DistContext | None = None):
         """``ablation``: a second draft (the DFlash twin) and its output directory, trained on
-        the same batches and steps."""
+        the same batches and steps. ``dist_ctx``: data parallelism over ranks (`distributed`);
+        ``cfg.batch_size`` is then per rank."""
         if len(data) < 1:
             raise ValueError("no usable training sequences (each needs >= 2 response tokens)")
         if cfg.steps == 0 and not cfg.max_minutes:
@@ -113,14 +117,21 @@ class Trainer:
         self.target, self.cfg = target, cfg
         self.device = target.device
         self.data, self.eval_data, self.data_info = data, eval_data, data_info or {}
-        self.batch_size = min(cfg.batch_size, len(data))
+        self.dist = dist_ctx or DistContext()
+        world = self.dist.world
+        # The global batch, a multiple of the ranks; each rank captures and trains its slice.
+        self.global_batch = min(cfg.batch_size * world, len(data)) // world * world
+        if self.global_batch < 1:
+            raise ValueError(f"{len(data)} training sequences cannot be shared by {world} ranks")
+        self.batch_size = self.global_batch // world
         self.auto_steps = cfg.steps == 0
         self.total_steps = (10**6 if self.auto_steps else cfg.steps) or max(1, math.ceil(
-            cfg.epochs * (len(data) // self.batch_size) / cfg.grad_accum))
-        self.runs = [DraftRun(_kind(draft), draft, target, cfg, out_dir, self._lr_factor)]
+            cfg.epochs * (len(data) // self.global_batch) / cfg.grad_accum))
+        self.runs = [DraftRun(_kind(draft), draft, target, cfg, out_dir, self._lr_factor,
+                              self.dist)]
         if ablation is not None:
             self.runs.append(DraftRun(_kind(ablation[0]), ablation[0], target, cfg, ablation[1],
-                                      self._lr_factor))
+                                      self._lr_factor, self.dist))
         self.draft, self.out = self.runs[0].draft, self.runs[0].out
         self.capture = TargetCapture(target, self._tap_layers(), self.batch_size * cfg.max_len)
         self.autocast = cfg.bf16 and self.device.type == "cuda"
@@ -137,11 +148,16 @@ class Trainer:
         return cosine_factor(step, self.total_steps, self.cfg.warmup, self.cfg.min_lr_ratio)
 
     # ------------------------------------------------------------------ one batch
-    def _capture(self, batch, generator):
-        """Blocks and the target's taps of one micro-batch (shared by every draft)."""
+    def _capture(self, batch, generator, shard: bool = True):
+        """Blocks and the target's taps of one micro-batch (shared by every draft). Anchors are
+        drawn for the whole (global) batch, then ``shard`` keeps this rank's rows, so the ranks
+        together see exactly what one process would."""
         tokens, lengths, starts = batch
         anchors, keep = sample_anchors(lengths, starts, self.cfg.blocks_per_seq,
                                        tokens.shape[1], generator)
+        if shard and self.dist.active:
+            rows = self.dist.batch_slice(tokens.shape[0])
+            tokens, lengths, anchors, keep = tokens[rows], lengths[rows], anchors[rows], keep[rows]
         dev = self.device
         tokens = tokens.to(dev, non_blocking=True)
         block_size = self.runs[0].draft.config.block_size
@@ -164,23 +180,36 @@ class Trainer:
         for k in range(cfg.grad_accum):
             micro = self.step * cfg.grad_accum + k
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + micro)
-            batch = self.data.micro_batch(micro, self.batch_size, cfg.seed)
+            batch = self.data.micro_batch(micro, self.global_batch, cfg.seed)
             taps, blocks = self._capture(batch, gen)
+            total = self._weight_total(blocks)
+            last = k == cfg.grad_accum - 1
             for i, run in enumerate(self.runs):
-                res, _ = run.loss(taps, blocks, self.autocast)
-                (res.loss / cfg.grad_accum).backward()
+                with (contextlib.nullcontext() if last else run.no_sync()):
+                    res, _ = run.loss(taps, blocks, self.autocast, total, training=True)
+                    (res.loss / cfg.grad_accum).backward()
                 terms, counts = acc[i]
                 for name, v in {"loss": res.loss.detach(), **res.terms}.items():
                     terms[name] = terms.get(name, 0) + v / cfg.grad_accum
                 acc[i] = (terms, merge_metrics(counts, block_metrics(res.correct, res.valid)))
-            flops += self._flops(batch[1].tolist(), blocks, int(blocks.valid.sum()))
-            tokens += int(batch[1].sum())
+            local = batch[1][self.dist.batch_slice(len(batch[1]))]
+            flops += self._flops(local.tolist(), blocks, int(blocks.valid.sum()))
+            tokens += int(local.sum())
         for run, (terms, counts) in zip(self.runs, acc):
             terms["grad_norm"] = run.optimizer_step()
             run.last_terms, run.last_counts = terms, counts
         self.step += 1
         self.last_flops, self.last_tokens = flops, tokens
         return acc[0]
+
+    def _weight_total(self, blocks):
+        """The loss denominator of this rank's slice: the whole batch's sum of position weights
+        over the ranks (DDP averages the ranks' gradients, hence the division), or None in one
+        process (each term then uses its own batch's sum)."""
+        if not self.dist.active:
+            return None
+        total = weight_total(blocks, self.runs[0].loss_cfg.gamma)
+        return self.dist.all_sum(total.detach().clone()) / self.dist.world
 
     @torch.no_grad()
     def evaluate_all(self) -> dict[str, dict] | None:
@@ -196,7 +225,7 @@ class Trainer:
         bs = min(self.batch_size, len(self.eval_data))
         for start in range(0, min(len(self.eval_data), bs * self.cfg.eval_batches), bs):
             idx = list(range(start, min(start + bs, len(self.eval_data))))
-            taps, blocks = self._capture(self.eval_data.batch(idx), gen)
+            taps, blocks = self._capture(self.eval_data.batch(idx), gen, shard=False)
             for run, acc, tab in zip(self.runs, accs, tables):
                 res, out = run.loss(taps, blocks, self.autocast)
                 acc.add(res, walk_correct(run.draft, self.target.lm_head, out, blocks, tab))
@@ -217,15 +246,17 @@ class Trainer:
         deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
         step_time, save_time = 0.0, 30.0  # estimates, refined as we go
         first_step = self.step
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="fit", unit="step")
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="fit", unit="step",
+                   disable=not self.dist.is_main)
         window = _Window()
         timed = []
         try:
             while self.step < self.total_steps:
-                if time.monotonic() + step_time + save_time > deadline:
+                # Rank 0 decides, so that every rank stops at the same step.
+                if self.dist.from_main(time.monotonic() + step_time + save_time > deadline):
                     save_time = self._checkpoint()
-                    tqdm.write(f"time budget reached at step {self.step}/{self.total_steps}; "
-                               f"checkpoint in {self.out}; continue with --resume")
+                    self._say(f"time budget reached at step {self.step}/{self.total_steps}; "
+                              f"checkpoint in {self.out}; continue with --resume")
                     return False
                 t0 = time.monotonic()
                 self.train_step()
@@ -243,7 +274,7 @@ class Trainer:
                 elif self.step % cfg.save_every == 0 and self.step < self.total_steps:
                     save_time = self._checkpoint()
         except KeyboardInterrupt:
-            tqdm.write("interrupted: saving a checkpoint")
+            self._say("interrupted: saving a checkpoint")
             for run in self.runs:
                 if run.best is None:  # never evaluated: the latest weights are the draft
                     run.save_draft()
@@ -262,12 +293,17 @@ class Trainer:
         step = sorted(step_times)[len(step_times) // 2]
         left = (deadline - time.monotonic()) * 0.97 - ckpt_time  # the final checkpoint
         more = max(1, int(left / (step + ckpt_time / self.cfg.save_every)))
-        self.total_steps = self.step + more
+        self.total_steps = self.dist.from_main(self.step + more)
         bar.total = self.total_steps
-        tqdm.write(f"sized to the budget: {self.total_steps} steps ({step * 1e3:.0f} ms/step, "
-                   f"{ckpt_time:.1f} s per checkpoint)")
+        self._say(f"sized to the budget: {self.total_steps} steps ({step * 1e3:.0f} ms/step, "
+                  f"{ckpt_time:.1f} s per checkpoint)")
+
+    def _say(self, text: str) -> None:
+        if self.dist.is_main:
+            tqdm.write(text)
 
     def _log_train(self, bar, window: "_Window") -> None:
+        window.gather(self.dist)
         seconds = window.seconds()
         throughput = {"tokens_per_s": window.tokens / seconds, "blocks_per_s": window.blocks /
                       seconds, "tflops": window.flops / seconds / 1e12}
@@ -294,7 +330,7 @@ class Trainer:
         """Evaluates, keeps each draft's best held-out checkpoint as its servable draft, and
         writes the resume state. Returns the seconds it took."""
         t0 = time.monotonic()
-        scores = self.evaluate_all()
+        scores = self.evaluate_all() if self.dist.is_main else None  # rank 0 alone writes
         for run in self.runs:
             ev = None if scores is None else scores[run.name]
             if ev is None or run.record_eval(self.step, ev["tau_walk"]):
@@ -302,10 +338,11 @@ class Trainer:
             if ev is not None:
                 run.append_log({"step": self.step, "eval": ev})
                 acc = " ".join(f"{a:.2f}" for a in ev["acc_walk_by_pos"])
-                tqdm.write(f"[{run.name}] step {self.step}: eval loss {ev['loss']:.3f} tau "
+                self._say(f"[{run.name}] step {self.step}: eval loss {ev['loss']:.3f} tau "
                            f"{ev['tau']:.2f} tau_walk {ev['tau_walk']:.2f} (best "
                            f"{run.best:.2f} at {run.best_step}) walk acc by position [{acc}]")
         self._save_state()
+        self.dist.barrier()  # the other ranks wait for rank 0's evaluation and files
         return time.monotonic() - t0
 
     def _save_state(self) -> None:
@@ -347,6 +384,22 @@ class _Window:
         self.blocks += int(counts["blocks"])
         self.tokens += trainer.last_tokens
         self.flops += trainer.last_flops
+
+    def gather(self, ctx: DistContext) -> None:
+        """Sums over ranks (the ranks' loss terms are their slices' shares of the batch's loss,
+        hence terms / W; counts, tokens, blocks and FLOPs simply add up)."""
+        if not ctx.active:
+            return
+        for terms in self.terms:
+            for k in terms:
+                terms[k] = ctx.all_sum(torch.as_tensor(terms[k]).clone().float()) / ctx.world
+        for counts in self.counts:
+            for k in counts:
+                counts[k] = ctx.all_sum(counts[k].clone())
+        dev = self.counts[0]["blocks"].device
+        totals = ctx.all_sum(torch.tensor([self.tokens, self.blocks, self.flops],
+                                          dtype=torch.float64, device=dev))
+        self.tokens, self.blocks, self.flops = int(totals[0]), int(totals[1]), float(totals[2])
 
     def seconds(self) -> float:
         return max(1e-9, time.monotonic() - self.start)
