@@ -15,7 +15,8 @@
 #   fit         DSpine and its DFlash twin side by side (same batches; DDP over the GPUs),
 #               sized to FIT_MIN minutes, checkpoints chosen on the held-out set.   ~FIT_MIN+1
 #   measure     acceptance on HumanEval/MT-Bench at T=0/1 for both drafters, GPU lossless
-#               check, end to end AR vs DSpine vs DFlash; returns results + drafters. ~6 min
+#               check, end to end AR vs DSpine vs DFlash, the step table, training speed;
+#               returns results + drafters.                                          ~8 min
 #
 # Results come back in $OUT/results.tar.gz; each drafter's shards as their own files (<= 15 MiB).
 # Continuing from a committed drafter (the accumulating runs of docs/TRAINING.md):
@@ -124,7 +125,10 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
     --quiet > $R/logs/e2e.log 2>&1
   say "e2e rc $?"; pack
   timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
-  say "step table rc $?"; pack; ls -la $OUT; exit 0
+  say "step table rc $?"; pack
+  timeout 120 python3 benchmarks/train_speed.py --data $S/data.jsonl --steps 15 --out $R \
+    > $R/logs/train_speed.log 2>&1
+  say "train speed rc $?"; pack; ls -la $OUT; exit 0
 fi
 
 echo "usage: h200_session.sh stage K N | data | fit | measure   (see the header)"; exit 2
