@@ -341,7 +341,7 @@ class _Pipeline:
         self.open = 0  # indices started and not yet written
         self.response_tokens = 0
         self.attempts_left = 50 * max(num, 1)  # a model that never ends a user turn
-        self.ahead = 2 * self.engine.scheduler.max_num_seqs  # requests kept queued
+        self.ahead = 2 * self.engine.max_num_seqs  # requests kept queued
 
     def run(self) -> int:
         gen = self.gen
