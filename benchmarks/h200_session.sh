@@ -56,7 +56,8 @@ if [ "$MODE" = stage ]; then
     tar --exclude='./.stage_*' --exclude=./.whl --exclude=./.git -cf - . | (cd $W && tar xf -)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
     cp .whl/datasets/*.whl $DSPINE_CACHE/datasets/
-    cd $W && setsid nohup bash -c "DSPINE_CUDA_ARCHS='${BUILD_ARCHS:-80;90a}' MAX_JOBS=16 python3 setup.py build_ext --inplace > $S/build.log 2>&1; echo \$? > $S/build.rc" >/dev/null 2>&1 < /dev/null &
+    # Detached, and holding none of this call's output: the call returns while it builds.
+    (cd $W && exec setsid nohup bash -c "DSPINE_CUDA_ARCHS='${BUILD_ARCHS:-80;90a}' MAX_JOBS=16 python3 setup.py build_ext --inplace > $S/build.log 2>&1; echo \$? > $S/build.rc") >/dev/null 2>&1 < /dev/null &
     nvidia-smi -L
   fi
   if [ "$K" = "$N" ]; then
