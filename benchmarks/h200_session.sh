@@ -30,6 +30,7 @@ GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
 DATA_MIN=${DATA_MIN:-5.5} DATA_PROCS=${DATA_PROCS:-4} FIT_MIN=${FIT_MIN:-6.5}  # per GPU: procs
 BATCH=${BATCH:-$(( 64 / GPUS > 16 ? 64 / GPUS : 16 ))} LR=${LR:-6e-4}  # per-rank batch
 NUM_PROMPTS=${NUM_PROMPTS:-400000} HELDOUT=${HELDOUT:-384} SEED=${SEED:-1}
+KV_TOKENS=${KV_TOKENS:-400000} MAX_NEW=${MAX_NEW:-512}  # per generator rank
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
 t0=$(date +%s)
 [ -f $S/commit ] && export DSPINE_COMMIT=$(cat $S/commit)
@@ -83,8 +84,8 @@ if [ "$MODE" = data ]; then
   # own shard; rank 0 merges the shards into data.jsonl at the end (dspine-train merge's rule).
   gen() {  # $1 ranks, $2 prompts file, $3 output, $4 seed, $5 minutes
     OMP_NUM_THREADS=2 setsid nohup python3 -m torch.distributed.run --nproc-per-node $1 --master-port $((29500 + $4 % 100)) \
-      -m dspine_engine.cli.train data --prompts $2 --out $3 --seed $4 --max-new-tokens 512 \
-      --max-num-seqs 256 --kv-cache-tokens 400000 --sampled-share 0.2 --max-minutes $5 --quiet \
+      -m dspine_engine.cli.train data --prompts $2 --out $3 --seed $4 --max-new-tokens $MAX_NEW \
+      --max-num-seqs 256 --kv-cache-tokens $KV_TOKENS --sampled-share 0.2 --max-minutes $5 --quiet \
       > $R/logs/$(basename $3 .jsonl).log 2>&1 < /dev/null &
   }
   gen 1 $S/heldout_prompts.jsonl $S/heldout.jsonl 999 2
