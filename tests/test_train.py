@@ -114,17 +114,6 @@ def test_training_forward_matches_inference(tiny_target, window, injection):
 
 
 # --------------------------------------------------------------------------- losses and masks
-@pytest.fixture(scope="module")
-def small_vocab_target(tmp_path_factory, smollm2_dir):
-    """A tiny target with a 512-token vocabulary and larger embeddings (so a draft can reach
-    confident logits in a few steps); used where no tokenizer is needed."""
-    from tiny_models import write_tiny_model
-
-    path = write_tiny_model(tmp_path_factory.mktemp("tiny512"), "llama", smollm2_dir,
-                            vocab_size=512, initializer_range=0.2)
-    return TargetModel.load(path, progress=False)
-
-
 def test_position_weights_and_default_gamma():
     from dspine_engine.train.losses import default_gamma
 
@@ -338,9 +327,9 @@ def _state(run):
 
 def test_fit_resume_and_engine(self_generated, tiny_llama, tmp_path, monkeypatch):
     from dspine_engine import Engine, SamplingParams
-    from dspine_engine.train import trainer as trainer_mod
+    from dspine_engine.train import draft_run, trainer as trainer_mod
 
-    monkeypatch.setattr(trainer_mod, "SHARD_BYTES", 64 * 1024)  # exercise sharded files
+    monkeypatch.setattr(draft_run, "SHARD_BYTES", 64 * 1024)  # exercise sharded files
     args = ["fit", "--target", tiny_llama, "--data", self_generated, "--steps", 4, *FIT_ARGS]
     straight = tmp_path / "straight"
     _cli(*args, "--out", straight)

@@ -23,7 +23,10 @@ Train a DSpine draft model for a target model, in two steps (and an optional fir
         online. Writes OUT/config.json + OUT/model*.safetensors (load with
         Engine(target, draft=OUT) or dspine-generate --draft OUT) and OUT/train_state/ for
         --resume. --ablation dflash trains the same architecture without injection and
-        transition (the DFlash baseline) under the same budget.
+        transition (the DFlash baseline) under the same budget; --ablation-out DIR trains
+        that baseline side by side with the DSpine draft, on the same batches.
+  merge joins data files from several generators (one per GPU or process), dropping
+        repeated prompts.
 
 The target defaults to SmolLM2-135M-Instruct (fetched once into $DSPINE_CACHE). See
 docs/TRAINING.md for the losses, masks and recommended GPU commands."""
@@ -40,6 +43,15 @@ examples:
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.replace(",", " ").split()]
+
+
+def _steps(text: str) -> int:
+    if text == "auto":
+        return 0
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError("steps must be >= 0 or 'auto'")
+    return n
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -87,10 +99,9 @@ def _data_parser(sub) -> None:
     p.add_argument("--keep-truncated", action="store_true",
                    help="keep user prompts cut at --user-max-tokens (for tiny test models that "
                         "never end a turn)")
-    p.add_argument("--chunk", type=int, default=256,
-                   help="prompts per batched generation call (and per append to the file)")
-    p.add_argument("--max-num-seqs", type=int, default=128,
-                   help="sequences the engine decodes concurrently")
+    p.add_argument("--max-num-seqs", type=int, default=256,
+                   help="sequences the engine decodes concurrently (new requests are added as "
+                        "others finish, so the batch stays full)")
     p.add_argument("--dtype", default="auto", help="target dtype (auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="run the engine's forwards eagerly on CUDA")
@@ -155,6 +166,14 @@ def _fit_parser(sub) -> None:
                         "starts a new run when --out holds none")
     p.add_argument("--ablation", choices=["dflash"], default=None,
                    help="dflash: no injection, no transition, loss = final CE only")
+    p.add_argument("--ablation-out", default=None, metavar="DIR",
+                   help="also train the DFlash twin of the draft (same init, batches, steps "
+                        "and flags; no injection, no transition) into DIR, side by side in "
+                        "this process on the same target capture: the equal-budget baseline")
+    p.add_argument("--eval-data", default=None, metavar="FILE",
+                   help="held-out JSONL (from `dspine-train data` on held-out prompts) scored "
+                        "at every checkpoint; OUT keeps the draft with the best held-out "
+                        "tau_walk (default: the last records of --data)")
     g = p.add_argument_group("a new draft (ignored with --resume of a saved run)")
     g.add_argument("--init", action="store_true",
                    help="size a fresh draft for the target (the default without --draft)")
@@ -179,8 +198,10 @@ def _fit_parser(sub) -> None:
                    help="tapped target layers, e.g. 1,7,14,20,27 (default: one per draft layer, "
                         "evenly spaced as in DFlash)")
     t = p.add_argument_group("training")
-    t.add_argument("--steps", type=int, default=d.steps,
-                   help="optimizer steps (default: --epochs passes over the data)")
+    t.add_argument("--steps", type=_steps, default=d.steps,
+                   help="optimizer steps (default: --epochs passes over the data); 'auto' (or "
+                        "0): as many as fit --max-minutes, measured over the first steps, so "
+                        "the learning-rate schedule completes inside the budget")
     t.add_argument("--epochs", type=float, default=d.epochs, help="passes when --steps is unset")
     t.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per micro-batch")
     t.add_argument("--grad-accum", type=int, default=d.grad_accum,
@@ -216,6 +237,16 @@ def _fit_parser(sub) -> None:
                    help="share of the data (its last records, at most 256) held out")
 
 
+def _merge_parser(sub) -> None:
+    p = sub.add_parser("merge", help="merge data files, dropping repeated prompts",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Concatenate JSONL files from several `dspine-train data` "
+                                   "runs (e.g. one per GPU or process) in the order given, keep "
+                                   "the first record of every prompt and renumber the indices.")
+    p.add_argument("parts", nargs="+", help="data files, in order")
+    p.add_argument("--out", required=True, help="merged JSONL (replaced atomically)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dspine-train", description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -223,21 +254,34 @@ def build_parser() -> argparse.ArgumentParser:
     _prompts_parser(sub)
     _data_parser(sub)
     _fit_parser(sub)
+    _merge_parser(sub)
     return p
 
 
 # ------------------------------------------------------------------------------------- data
 def run_data(args) -> int:
+    import datetime
+
     from .. import Engine
-    from ..train.data import DataGenerator, GenerationConfig, load_prompts
+    from ..engine.engine import resolve_device
+    from ..train.data import DataGenerator, GenerationConfig, load_prompts, merge_samples
+    from ..train.distributed import init_from_env, shutdown
 
     prompts = load_prompts(Path(args.prompts)) if args.prompts else None
     if prompts is None and args.num is None:
         print("dspine-train data: give --num (records to self-generate) or --prompts",
               file=sys.stderr)
         return 2
-    num = args.num if args.num is not None else len(prompts)
-    engine = Engine(args.target, device=args.device, dtype=args.dtype,
+    device = resolve_device(args.device)
+    # torchrun: rank r answers prompts r, r + W, ... into its own shard; rank 0 merges them.
+    ctx = init_from_env(device.type, backend="gloo", timeout=datetime.timedelta(days=1))
+    device = ctx.device(device)
+    out, total = Path(args.out), args.num if args.num is not None else len(prompts)
+    num = len(ctx.shard(range(total)))  # this rank's share of the records
+    if ctx.active:
+        out = out.with_name(f"{out.name}.rank{ctx.rank}")
+        prompts = ctx.shard(prompts) if prompts is not None else None
+    engine = Engine(args.target, device=device, dtype=args.dtype,
                     max_num_seqs=args.max_num_seqs, cuda_graphs=args.cuda_graphs,
                     kv_cache_tokens=args.kv_cache_tokens, progress=not args.quiet)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens,
@@ -246,9 +290,19 @@ def run_data(args) -> int:
                            sampled_temperature=args.sampled_temperature,
                            user_temperature=args.user_temperature, user_top_p=args.user_top_p,
                            user_max_tokens=args.user_max_tokens,
-                           keep_truncated=args.keep_truncated, chunk=args.chunk, seed=args.seed)
-    done = DataGenerator(engine, Path(args.out), cfg).run(num, prompts, args.max_minutes)
-    print(f"{args.out}: {done} records", file=sys.stderr)
+                           keep_truncated=args.keep_truncated,
+                           seed=args.seed + 1_000_033 * ctx.rank)  # ranks draw apart
+    done = DataGenerator(engine, out, cfg).run(num, prompts, args.max_minutes)
+    print(f"{out}: {done} records", file=sys.stderr)
+    if ctx.active:
+        ctx.barrier()
+        if ctx.is_main:
+            shards = [Path(args.out).with_name(f"{Path(args.out).name}.rank{r}")
+                      for r in range(ctx.world)]
+            counts = merge_samples(shards, Path(args.out))
+            print(f"{args.out}: {counts['records']} records merged from {ctx.world} ranks "
+                  f"({counts['duplicates_dropped']} repeated prompts dropped)", file=sys.stderr)
+        shutdown(ctx)
     return 0
 
 
@@ -284,56 +338,117 @@ def _new_draft(args, target):
     return draft
 
 
+def _ablation_twin(draft):
+    """The DFlash twin of ``draft``: the same config without injection and transition, and the
+    same values for every parameter the two share (so both start from one init)."""
+    from ..models.dspine import DSpineDraft
+
+    if not (draft.config.injection or draft.config.transition):
+        raise ValueError("--ablation-out needs a DSpine draft (with injection or transition) "
+                         "to ablate")
+    twin = DSpineDraft(dataclasses.replace(draft.config, injection=False, transition=False,
+                                           architecture="DSpineDraftModel"))
+    twin.load_state_dict(draft.state_dict(), strict=False)
+    return twin
+
+
+def _resume_states(outs: list[Path], resume: bool):
+    """The saved states of the runs in ``outs`` (all or none), or None for a fresh run."""
+    import json
+
+    from ..train.trainer import find_state
+
+    dirs = [find_state(o) if resume else None for o in outs]
+    for o, d in zip(outs, dirs):
+        if d is None and (o / "train_state").exists() and not resume:
+            raise ValueError(f"{o} already holds a run; pass --resume to continue it or "
+                             "choose another output directory")
+    if all(d is None for d in dirs):
+        return None
+    if any(d is None for d in dirs):
+        raise ValueError("--resume: only some of the runs have a saved state: "
+                         f"{[str(o) for o, d in zip(outs, dirs) if d is None]}")
+    return dirs, [json.loads((d / "state.json").read_text()) for d in dirs]
+
+
 def run_fit(args, t_start: float) -> int:
     from ..engine.engine import resolve_device, resolve_dtype
     from ..models.default_model import resolve_model_path
     from ..models.target import TargetModel
     from ..train.data import read_samples
-    from ..train.trainer import (SequenceData, Trainer, find_state, load_draft_for_resume,
-                                 resume_config, split_records)
+    from ..train.distributed import init_from_env, shutdown
+    from ..train.trainer import (SequenceData, Trainer, load_draft_for_resume, resume_config,
+                                 split_records)
 
-    out = Path(args.out)
+    outs = [Path(args.out)] + ([Path(args.ablation_out)] if args.ablation_out else [])
+    if args.ablation_out and args.ablation:
+        raise ValueError("--ablation-out trains the DFlash twin of a DSpine draft; drop "
+                         "--ablation")
     cfg = _train_config(args)
-    state_dir = find_state(out) if args.resume else None
-    if state_dir is None and (out / "train_state").exists() and not args.resume:
-        print(f"dspine-train fit: {out} already holds a run; pass --resume to continue it or "
-              "choose another --out", file=sys.stderr)
-        return 2
-    state = None
-    if state_dir is not None:
-        import json
-
-        state = json.loads((state_dir / "state.json").read_text())
-        cfg, ignored = resume_config(state["config"], cfg)
+    saved = _resume_states(outs, args.resume)
+    if saved is not None:
+        cfg, ignored = resume_config(saved[1][0]["config"], cfg)
         for item in ignored:
             print(f"--resume: ignoring {item}", file=sys.stderr)
     device = resolve_device(args.device)
+    ctx = init_from_env(device.type)  # torchrun: one rank per GPU (or CPU process, gloo)
+    device = ctx.device(device)
+    say = print if ctx.is_main else (lambda *a, **k: None)
     dtype = resolve_dtype("bfloat16" if cfg.bf16 and device.type == "cuda" else "float32",
                           device)
     target = TargetModel.load(resolve_model_path(args.target), device, dtype,
-                              progress=not args.quiet)
+                              progress=not args.quiet and ctx.is_main)
     records = read_samples(Path(args.data))
-    train_recs, eval_recs = split_records(records, args.eval_fraction)
+    if args.eval_data:
+        train_recs, eval_recs = records, read_samples(Path(args.eval_data))
+    else:
+        train_recs, eval_recs = split_records(records, args.eval_fraction)
     data_info = {"path": str(Path(args.data).resolve()), "records": len(records)}
-    if state is not None and state.get("data") != data_info:
-        print(f"--resume: the data differs from the saved run's ({state.get('data')})",
+    if saved is not None and saved[1][0].get("data") != data_info:
+        say(f"--resume: the data differs from the saved run's ({saved[1][0].get('data')})",
               file=sys.stderr)
-    draft = load_draft_for_resume(out) if state is not None else _new_draft(args, target)
+    if saved is not None:
+        draft = load_draft_for_resume(outs[0])
+        twin = load_draft_for_resume(outs[1]) if args.ablation_out else None
+    else:
+        draft = _new_draft(args, target)
+        twin = _ablation_twin(draft) if args.ablation_out else None
     # Block positions run up to max_len + B - 2: keep them inside the RoPE table.
     cfg.max_len = min(cfg.max_len, target.config.max_position_embeddings - draft.config.block_size)
     trainer = Trainer(target, draft, SequenceData(train_recs, cfg.max_len),
-                      SequenceData(eval_recs, cfg.max_len), cfg, out, data_info)
-    if state is not None:
-        trainer.load_state(state_dir, state)
-        print(f"resuming {out} at step {trainer.step}/{trainer.total_steps}", file=sys.stderr)
-    c = draft.config
-    n_params = sum(p.numel() for p in draft.parameters())
-    print(f"draft: {c.num_layers} layers, {n_params / 1e6:.1f}M parameters, block "
-          f"{c.block_size}, taps {c.target_layer_ids}, injection {c.injection}, transition "
-          f"{c.transition}; {len(trainer.data)} training sequences", file=sys.stderr)
-    finished = trainer.run(t_start)
-    print(f"{'finished' if finished else 'paused'} at step {trainer.step}/{trainer.total_steps}; "
-          f"draft in {out}", file=sys.stderr)
+                      SequenceData(eval_recs, cfg.max_len), cfg, outs[0], data_info,
+                      ablation=(twin, outs[1]) if twin is not None else None, dist_ctx=ctx)
+    if saved is not None:
+        trainer.load_state(*saved)
+        say(f"resuming {outs[0]} at step {trainer.step}/{trainer.total_steps}", file=sys.stderr)
+    if ctx.active:
+        say(f"data parallel over {ctx.world} ranks: {trainer.batch_size} sequences per rank, "
+            f"global batch {trainer.global_batch}", file=sys.stderr)
+    for run in trainer.runs:
+        c = run.draft.config
+        say(f"{run.name} draft -> {run.out}: {c.num_layers} layers, "
+              f"{run.num_parameters / 1e6:.1f}M parameters, block {c.block_size}, taps "
+              f"{c.target_layer_ids}, injection {c.injection}, transition {c.transition}",
+              file=sys.stderr)
+    say(f"{len(trainer.data)} training sequences, {len(trainer.eval_data)} held-out",
+        file=sys.stderr)
+    try:
+        finished = trainer.run(t_start)
+    finally:
+        shutdown(ctx)
+    best = ", ".join(f"{r.name} best tau_walk {r.best:.3f} at step {r.best_step}"
+                     for r in trainer.runs if r.best is not None)
+    say(f"{'finished' if finished else 'paused'} at step {trainer.step}/{trainer.total_steps}"
+          f"; draft in {outs[0]}" + (f"; {best}" if best else ""), file=sys.stderr)
+    return 0
+
+
+def run_merge(args) -> int:
+    from ..train.data import merge_samples
+
+    counts = merge_samples([Path(p) for p in args.parts], Path(args.out))
+    print(f"{args.out}: {counts['records']} records, {counts['response_tokens']} response "
+          f"tokens ({counts['duplicates_dropped']} repeated prompts dropped)", file=sys.stderr)
     return 0
 
 
@@ -347,6 +462,8 @@ def main(argv=None) -> int:
             return main_prompts(args)
         if args.command == "data":
             return run_data(args)
+        if args.command == "merge":
+            return run_merge(args)
         return run_fit(args, t_start)
     except (ValueError, FileNotFoundError) as e:
         print(f"dspine-train {args.command}: {e}", file=sys.stderr)

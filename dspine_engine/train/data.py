@@ -18,8 +18,9 @@ q1, its answer goes into the conversation, then it answers q2, and so on. Each a
 one record whose ``prompt_ids`` hold the whole conversation before that answer, so a training
 sequence is still "context, then one target response" and every response is the target's.
 
-Generation appends to the output file chunk by chunk and resumes where an earlier run stopped
-(indices already present are skipped), so it can run in several short sessions.
+Generation keeps the engine full (a request is added whenever one finishes) and appends
+conversations to the output file in index order, so a run that was stopped resumes after the
+last index written, and data can be made in several short sessions.
 """
 from __future__ import annotations
 
@@ -59,6 +60,29 @@ def read_samples(path: Path) -> list[dict]:
             raise ValueError(f"{path}:{n + 1} lacks prompt_ids / response_ids token lists")
         records.append(rec)
     return records
+
+
+def merge_samples(parts: list[Path], out: Path) -> dict:
+    """Concatenates data files (in the given order) into ``out``, dropping records whose prompt
+    was already seen (the same token ids: generators with overlapping prompts or seeds), and
+    renumbers the indices from 0 (the turns of one conversation keep sharing theirs).
+    Deterministic: the same parts in the same order give the same file. Returns counts."""
+    seen, new_index, kept, dropped, tokens = set(), {}, 0, 0, 0
+    tmp = Path(out).with_suffix(Path(out).suffix + ".tmp")
+    with open(tmp, "w") as f:
+        for n, part in enumerate(parts):
+            for rec in read_samples(Path(part)):
+                key = tuple(rec["prompt_ids"])
+                if key in seen:
+                    dropped += 1
+                    continue
+                seen.add(key)
+                rec["index"] = new_index.setdefault((n, rec.get("index")), len(new_index))
+                f.write(json.dumps(rec) + "\n")
+                kept += 1
+                tokens += len(rec["response_ids"])
+    tmp.replace(out)
+    return {"records": kept, "duplicates_dropped": dropped, "response_tokens": tokens}
 
 
 def _drop_torn_tail(path: Path) -> None:
@@ -175,7 +199,6 @@ class GenerationConfig:
     user_top_p: float = 1.0
     user_max_tokens: int = 256
     keep_truncated: bool = False  # keep user turns cut at user_max_tokens (tiny test models)
-    chunk: int = 256  # prompts per batched generate call (and per append to the file)
     seed: int = 0
 
 
@@ -208,6 +231,8 @@ class DataGenerator:
                 self.next_index = max(self.next_index, int(rec.get("index", -1)) + 1)
                 self.seen.add(rec.get("user"))
         self.done = len(indices)  # prompts answered (a multi-turn one counts once)
+        self._end_of_turn = None  # the template's end-of-turn token (Magpie), found lazily
+        self._user_prefix: list[int] = []  # the ids a self-generated user turn follows
 
     def _seed(self, index: int, part: int) -> int:
         return (self.cfg.seed * 1_000_003 + index) * 2 + part
@@ -217,7 +242,7 @@ class DataGenerator:
 
     def _temperature(self, index: int) -> float:
         """Greedy, or for a seeded share of the indices, sampled (fixed per index, so resuming
-        and chunking change nothing)."""
+        and what runs beside an index change nothing)."""
         c = self.cfg
         if c.sampled_share and random.Random(self._seed(index, 1)).random() < c.sampled_share:
             return c.sampled_temperature
@@ -226,97 +251,61 @@ class DataGenerator:
     def run(self, num: int, prompts: list[Prompt] | None = None,
             max_minutes: float | None = None) -> int:
         """Answers prompts until the file holds ``num`` (or the prompts run out, or the time is
-        up); returns how many the file holds. Without ``prompts`` the target writes them."""
-        t0, chunk_time = time.monotonic(), 0.0
-        bar = tqdm(total=num, initial=min(self.done, num), desc="samples", unit="sample")
-        attempts_left = 50 * max(num, 1)  # guards against a model that never ends a user turn
-        while self.done < num and attempts_left > 0:
-            if prompts is not None and self.next_index >= len(prompts):
-                break
-            if max_minutes and time.monotonic() - t0 + chunk_time > max_minutes * 60:
-                tqdm.write(f"time budget reached: {self.done} samples in {self.out}; "
-                           "run the same command again to continue")
-                break
-            start = time.monotonic()
-            size = min(self.cfg.chunk, 2 * (num - self.done) + 8)
-            if prompts is not None:
-                size = min(size, len(prompts) - self.next_index)
-            indices = list(range(self.next_index, self.next_index + size))
-            self.next_index += size
-            attempts_left -= size
-            written = self._answer_and_write(self._conversations(indices, prompts)[
-                :num - self.done])
-            self.done += written
-            bar.update(written)
-            chunk_time = time.monotonic() - start
-        bar.close()
-        return self.done
+        up); returns how many the file holds. Without ``prompts`` the target writes them.
 
-    def _conversations(self, indices: list[int], prompts) -> list[_Conversation]:
+        The engine is kept full: requests are added as earlier ones finish (a Magpie user turn
+        that ends becomes its answer request, an answered turn its follow-up), so batches never
+        drain between chunks. Conversations are written in index order, which keeps the file
+        the one an uninterrupted run writes and lets a rerun continue after the last index."""
+        pipe = _Pipeline(self, num, prompts, max_minutes)
+        return pipe.run()
+
+    def _conversation(self, index: int, prompt: Prompt) -> _Conversation:
+        ids = (prompt.ids if prompt.ids is not None
+               else prompt_ids(self.engine.tokenizer, prompt.messages))
+        return _Conversation(index, ids, prompt.messages, list(prompt.followups),
+                             self._temperature(index), prompt.source)
+
+    def _user_request(self, index: int) -> SamplingParams:
+        c = self.cfg
+        return SamplingParams(max_tokens=c.user_max_tokens, temperature=c.user_temperature,
+                              top_p=c.user_top_p, seed=self._seed(index, 0),
+                              stop_token_ids=[self._end_of_turn], detokenize=False)
+
+    def _from_user_turn(self, index: int, res, source: str) -> _Conversation | None:
+        """Magpie: a finished user-turn request -> the conversation to answer (None when the
+        turn did not end, is empty or repeats an earlier one)."""
+        tok, c = self.engine.tokenizer, self.cfg
+        ended = res.token_ids[-1:] == [self._end_of_turn]
+        if res.error or not (ended or c.keep_truncated):
+            return None
+        text = tok.decode(res.token_ids[:-1] if ended else res.token_ids).strip()
+        if not text or text in self.seen:
+            return None
+        self.seen.add(text)
+        messages = [{"role": "user", "content": text}]
+        return _Conversation(index, tok.encode_chat(messages), messages, [],
+                             self._temperature(index), source, user=text)
+
+    def _answer_request(self, conv: _Conversation) -> SamplingParams:
+        return SamplingParams(max_tokens=self.cfg.max_new_tokens, temperature=conv.temperature,
+                              seed=self._answer_seed(conv.index, len(conv.records)),
+                              detokenize=False)
+
+    def _record_answer(self, conv: _Conversation, res) -> bool:
+        """Stores one answered turn; returns True when the conversation goes on."""
+        if res.error or len(res.token_ids) < 2:  # a block needs an anchor + a target
+            return False  # the conversation ends here
+        conv.records.append({"index": conv.index, "prompt_ids": conv.ids,
+                             "response_ids": res.token_ids, "finish_reason": res.finish_reason,
+                             "temperature": conv.temperature})
+        if not (conv.followups and conv.messages is not None):
+            return False
         tok = self.engine.tokenizer
-        magpie = [i for i in indices if prompts is None or prompts[i].magpie]
-        convs = {c.index: c for c in self._user_turns(magpie, prompts)}
-        for i in indices:
-            if i not in convs and i not in magpie:
-                p = prompts[i]
-                ids = p.ids if p.ids is not None else prompt_ids(tok, p.messages)
-                convs[i] = _Conversation(i, ids, p.messages, list(p.followups),
-                                         self._temperature(i), p.source)
-        return [convs[i] for i in indices if i in convs]
-
-    def _user_turns(self, indices: list[int], prompts) -> list[_Conversation]:
-        """Magpie: the target writes user messages, which become chat prompts."""
-        if not indices:
-            return []
-        tok, c = self.engine.tokenizer, self.cfg
-        prefix, end_of_turn = user_turn_prefix(tok)
-        params = [SamplingParams(max_tokens=c.user_max_tokens, temperature=c.user_temperature,
-                                 top_p=c.user_top_p, seed=self._seed(i, 0),
-                                 stop_token_ids=[end_of_turn]) for i in indices]
-        out = []
-        for i, res in zip(indices, self.engine.generate([prefix] * len(indices), params,
-                                                        progress=True)):
-            ended = res.token_ids[-1:] == [end_of_turn]
-            if res.error or not (ended or c.keep_truncated):
-                continue
-            text = tok.decode(res.token_ids[:-1] if ended else res.token_ids).strip()
-            if not text or text in self.seen:
-                continue
-            self.seen.add(text)
-            messages = [{"role": "user", "content": text}]
-            out.append(_Conversation(i, tok.encode_chat(messages), messages, [],
-                                     self._temperature(i),
-                                     prompts[i].source if prompts else "magpie", user=text))
-        return out
-
-    def _answer_and_write(self, convs: list[_Conversation]) -> int:
-        """Answers every conversation turn by turn (one batched call per turn), then appends
-        its records in one write; returns how many conversations got at least one answer."""
-        tok, c = self.engine.tokenizer, self.cfg
-        active, turn = list(convs), 0
-        while active:
-            params = [SamplingParams(max_tokens=c.max_new_tokens, temperature=conv.temperature,
-                                     seed=self._answer_seed(conv.index, turn)) for conv in active]
-            results = self.engine.generate([conv.ids for conv in active], params, progress=True)
-            next_turn = []
-            for conv, res in zip(active, results):
-                if res.error or len(res.token_ids) < 2:  # a block needs an anchor + a target
-                    continue  # the conversation ends here
-                conv.records.append({"index": conv.index, "prompt_ids": conv.ids,
-                                     "response_ids": res.token_ids,
-                                     "finish_reason": res.finish_reason,
-                                     "temperature": conv.temperature})
-                if conv.followups and conv.messages is not None:
-                    answer = {"role": "assistant", "content": tok.decode(res.token_ids).strip()}
-                    conv.messages = conv.messages + [answer, _user(conv.followups.pop(0))]
-                    conv.ids = prompt_ids(tok, conv.messages)
-                    next_turn.append(conv)
-            active, turn = next_turn, turn + 1
-        written = [conv for conv in convs if conv.records]
-        with open(self.out, "a") as f:
-            f.write("".join(json.dumps(rec) + "\n" for conv in written
-                            for rec in self._finish_records(conv)))
-        return len(written)
+        answer = {"role": "assistant", "content": tok.decode(res.token_ids).strip()}
+        conv.messages = conv.messages + [answer, _user(conv.followups.pop(0))]
+        conv.ids = prompt_ids(tok, conv.messages)
+        return True
 
     @staticmethod
     def _finish_records(conv: _Conversation) -> list[dict]:
@@ -328,3 +317,137 @@ class DataGenerator:
             if conv.user is not None:
                 rec["user"] = conv.user
         return conv.records
+
+
+class _Pipeline:
+    """One `DataGenerator.run`: feeds the engine's step API from a queue of prompt indices and
+    writes finished conversations in index order.
+
+    Each request in flight is a stage of one index: its Magpie user turn, or answer turn k of
+    its conversation. ``waiting`` holds the finished (or failed: None) conversations not yet
+    written, so the file grows in index order."""
+
+    def __init__(self, gen: DataGenerator, num: int, prompts, max_minutes):
+        self.gen, self.num, self.prompts = gen, num, prompts
+        self.engine = gen.engine
+        self.deadline = time.monotonic() + max_minutes * 60 if max_minutes else None
+        self.in_flight: dict[str, tuple[int, _Conversation | None]] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self.waiting: dict[int, _Conversation | None] = {}
+        self.next_write = self.next_index = gen.next_index
+        self.open = 0  # indices started and not yet written
+        self.response_tokens = 0
+        self.attempts_left = 50 * max(num, 1)  # a model that never ends a user turn
+        self.ahead = 2 * self.engine.max_num_seqs  # requests kept queued
+
+    def run(self) -> int:
+        gen = self.gen
+        t0 = time.monotonic()
+        self.bar = tqdm(total=self.num, initial=min(gen.done, self.num), desc="samples",
+                        unit="sample")
+        try:
+            self._top_up()
+            while self.in_flight:
+                if self.deadline is not None and time.monotonic() > self.deadline:
+                    tqdm.write(f"time budget reached: {gen.done} samples in {gen.out}; "
+                               "run the same command again to continue")
+                    break
+                for out in self.engine.step():
+                    self._on_output(out)
+                self._flush()
+                self._top_up()
+        finally:
+            for rid in list(self.in_flight):
+                self.engine.abort(rid)
+            while self.engine.has_unfinished():  # report the aborts; nothing else runs
+                self.engine.step()
+            self._flush()
+            self.bar.close()
+        secs = time.monotonic() - t0
+        tqdm.write(f"{gen.out}: {gen.done} samples; {self.response_tokens} response tokens in "
+                   f"{secs:.0f} s ({self.response_tokens / max(secs, 1e-9):.0f} tokens/s)")
+        return gen.done
+
+    # ------------------------------------------------------------------ feeding
+    def _more(self) -> bool:
+        if self.gen.done + self.open >= self.num or self.attempts_left <= 0:
+            return False
+        return self.prompts is None or self.next_index < len(self.prompts)
+
+    def _top_up(self) -> None:
+        while len(self.in_flight) < self.ahead and self._more():
+            index = self.next_index
+            self.next_index += 1
+            self.attempts_left -= 1
+            self.open += 1
+            prompt = None if self.prompts is None else self.prompts[index]
+            if prompt is None or prompt.magpie:
+                self._submit_user_turn(index)
+            else:
+                try:
+                    self._submit_answer(self.gen._conversation(index, prompt))
+                except ValueError:  # a prompt the engine refuses (too long, bad ids)
+                    self.waiting[index] = None
+
+    def _submit_user_turn(self, index: int) -> None:
+        gen = self.gen
+        if gen._end_of_turn is None:
+            prefix, gen._end_of_turn = user_turn_prefix(self.engine.tokenizer)
+            gen._user_prefix = prefix
+        rid = self.engine.add_request(gen._user_prefix, gen._user_request(index))
+        self.in_flight[rid], self.tokens[rid] = (index, None), []
+
+    def _submit_answer(self, conv: _Conversation) -> None:
+        try:
+            rid = self.engine.add_request(conv.ids, self.gen._answer_request(conv))
+        except ValueError:
+            self.waiting[conv.index] = conv if conv.records else None
+            return
+        self.in_flight[rid], self.tokens[rid] = (conv.index, conv), []
+
+    # ------------------------------------------------------------------ results
+    def _on_output(self, out) -> None:
+        if out.request_id not in self.in_flight:
+            return
+        self.tokens[out.request_id].extend(out.new_token_ids)
+        if not out.finished:
+            return
+        index, conv = self.in_flight.pop(out.request_id)
+        res = _Result(self.tokens.pop(out.request_id), out.finish_reason, out.error)
+        if conv is None:  # a Magpie user turn
+            source = "magpie" if self.prompts is None else (self.prompts[index].source or
+                                                             "magpie")
+            conv = self.gen._from_user_turn(index, res, source)
+            if conv is None:
+                self.waiting[index] = None
+            else:
+                self._submit_answer(conv)
+            return
+        if self.gen._record_answer(conv, res):
+            self._submit_answer(conv)
+        else:
+            self.waiting[index] = conv if conv.records else None
+
+    def _flush(self) -> None:
+        lines = []
+        while self.next_write in self.waiting:
+            conv = self.waiting.pop(self.next_write)
+            self.next_write += 1
+            self.open -= 1
+            if conv is None or self.gen.done >= self.num:
+                continue
+            records = DataGenerator._finish_records(conv)
+            lines += [json.dumps(rec) + "\n" for rec in records]
+            self.response_tokens += sum(len(r["response_ids"]) for r in records)
+            self.gen.done += 1
+            self.bar.update()
+        if lines:
+            with open(self.gen.out, "a") as f:
+                f.write("".join(lines))
+
+
+@dataclass
+class _Result:
+    token_ids: list[int]
+    finish_reason: str | None
+    error: str | None

@@ -40,18 +40,26 @@ def new_draft_config(target: TargetConfig, layers: int = 5, heads: int | None = 
     return cfg
 
 
+def mlp_neurons(gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, keep: int):
+    """The ``keep`` MLP neurons of a SwiGLU block with the largest weight-norm product
+    ||gate_i|| ||up_i|| ||down_:,i|| (a magnitude prune, in their original order): how a draft
+    with a narrower MLP than the target's starts from a target layer."""
+    score = gate.float().norm(dim=1) * up.float().norm(dim=1) * down.float().norm(dim=0)
+    return torch.topk(score, keep).indices.sort().values
+
+
 @torch.no_grad()
 def copy_target_layers(draft: DSpineDraft, target: TargetModel) -> list[int]:
     """Starts draft layer i from target layer L - n + i (the last n target layers, which work on
     representations closest to the output space the draft predicts in): attention, MLP and the
-    two norms. Needs matching shapes. Returns the target layers used."""
+    two norms. Attention shapes must match; a narrower draft MLP takes the target's strongest
+    neurons (`mlp_neurons`). Returns the target layers used."""
     c, t = draft.config, target.config
-    same = (c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size) == (
-        t.num_heads, t.num_kv_heads, t.head_dim, t.intermediate_size)
-    if not same:
-        raise ModelConfigError("--init-from-target needs the draft's heads, kv heads, head dim "
-                               "and intermediate size to equal the target's")
-    q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    same = (c.num_heads, c.num_kv_heads, c.head_dim) == (t.num_heads, t.num_kv_heads, t.head_dim)
+    if not same or c.intermediate_size > t.intermediate_size:
+        raise ModelConfigError("--init-from-target needs the draft's heads, kv heads and head "
+                               "dim to equal the target's, and an intermediate size no larger")
+    q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, t.intermediate_size
     used = list(range(t.num_layers - c.num_layers, t.num_layers))
     for layer, src in zip(draft.layers, (target.layers[i] for i in used)):
         a = layer.self_attn
@@ -59,9 +67,13 @@ def copy_target_layers(draft: DSpineDraft, target: TargetModel) -> list[int]:
                            (a.v_proj, slice(q + kv, q + 2 * kv))):
             proj.weight.copy_(src.qkv.checkpoint_weight[rows])
         a.o_proj.weight.copy_(src.o.checkpoint_weight)
-        layer.mlp.gate_proj.weight.copy_(src.gate_up.checkpoint_weight[:inter])
-        layer.mlp.up_proj.weight.copy_(src.gate_up.checkpoint_weight[inter:])
-        layer.mlp.down_proj.weight.copy_(src.down.checkpoint_weight)
+        gate = src.gate_up.checkpoint_weight[:inter]
+        up = src.gate_up.checkpoint_weight[inter:]
+        down = src.down.checkpoint_weight
+        keep = mlp_neurons(gate, up, down, c.intermediate_size)
+        layer.mlp.gate_proj.weight.copy_(gate[keep])
+        layer.mlp.up_proj.weight.copy_(up[keep])
+        layer.mlp.down_proj.weight.copy_(down[:, keep])
         layer.input_layernorm.weight.copy_(src.in_norm)
         layer.post_attention_layernorm.weight.copy_(src.post_norm)
         if src.q_norm is not None:

@@ -12,8 +12,9 @@ at j discards every later draft of the round, so early positions matter most.
               every depth should hold usable next-token information for the next injection).
 
 Vocabulary-sized logits are never materialised for the whole batch: rows go through the
-projection and the CE in chunks, and backward recomputes a chunk's logits instead of keeping
-them, so peak memory is one chunk of logits whatever the batch or vocabulary size.
+projection and the CE in chunks, and each chunk's gradient with respect to its input rows is
+formed while its logits exist (a row's CE depends on that row alone), so peak memory is one
+chunk of logits whatever the batch or vocabulary size and backward needs no second pass.
 """
 from __future__ import annotations
 
@@ -38,27 +39,64 @@ def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor
     return torch.exp(-(j - 1) / gamma)
 
 
+def _softmax_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool):
+    """Per row of ``logits [m, V]``: CE against ``targets``, the argmax, and (``want_grad``)
+    d CE / d logits = softmax - onehot in the logits' dtype. One function so that, on CUDA,
+    torch.compile can fuse it into one reduction + one pointwise pass over the logits."""
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    ce = lse - lf.gather(1, targets[:, None]).squeeze(1)
+    top = logits.argmax(-1)
+    if not want_grad:
+        return ce, top, None
+    grad = (lf - lse[:, None]).exp()
+    grad = grad - F.one_hot(targets, logits.shape[1]).to(grad.dtype)
+    return ce, top, grad.to(logits.dtype)
+
+
+_compiled_softmax_rows = None
+
+
+def _softmax_rows_fn(device: torch.device):
+    """The compiled `_softmax_rows` on CUDA (eager where compilation is unavailable or fails
+    once: that costs speed, never correctness)."""
+    global _compiled_softmax_rows
+    if device.type != "cuda":
+        return _softmax_rows
+    if _compiled_softmax_rows is None:
+        try:
+            _compiled_softmax_rows = torch.compile(_softmax_rows, dynamic=True)
+        except Exception:  # pragma: no cover - depends on the toolchain
+            _compiled_softmax_rows = _softmax_rows
+    return _compiled_softmax_rows
+
+
 class _RowCrossEntropy(torch.autograd.Function):
-    """CE(E_out v, y) of a chunk of rows that keeps no logits for backward: forward saves the
-    rows' log-sum-exp, backward recomputes the logits once and forms softmax - onehot in place.
-    About half the memory traffic of log_softmax + nll with activation checkpointing."""
+    """CE(E_out v, y) of a chunk of rows with its gradient formed in forward: each row's CE
+    depends on that row alone, so d CE_i / d v_i = (softmax_i - onehot_i) E_out is computed
+    while the logits exist and backward only scales it by the incoming d loss / d CE_i. Two
+    vocabulary GEMMs per chunk (logits, their gradient) instead of three, and no logits kept."""
 
     @staticmethod
-    def forward(ctx, vectors, lm_head, targets, want_argmax):
+    def forward(ctx, vectors, lm_head, targets):
         logits = F.linear(vectors.to(lm_head.dtype), lm_head)
-        lse = torch.logsumexp(logits.float(), dim=-1)
-        ce = lse - logits.gather(1, targets[:, None]).squeeze(1).float()
-        ctx.save_for_backward(vectors, lm_head, targets, lse)
-        return ce, (logits.argmax(-1) if want_argmax else targets)
+        want_grad = ctx.needs_input_grad[0]
+        try:
+            ce, top, dlogits = _softmax_rows_fn(logits.device)(logits, targets, want_grad)
+        except Exception:  # a failed compilation falls back to eager for good
+            global _compiled_softmax_rows
+            _compiled_softmax_rows = _softmax_rows
+            ce, top, dlogits = _softmax_rows(logits, targets, want_grad)
+        del logits
+        dvec = (dlogits @ lm_head).to(vectors.dtype) if want_grad else None
+        ctx.save_for_backward(dvec)
+        ctx.mark_non_differentiable(top)
+        return ce, top
 
     @staticmethod
     def backward(ctx, grad_ce, _):
-        vectors, lm_head, targets, lse = ctx.saved_tensors
-        probs = F.linear(vectors.to(lm_head.dtype), lm_head).float()
-        probs.sub_(lse[:, None]).exp_()
-        probs.scatter_add_(1, targets[:, None], probs.new_full((len(targets), 1), -1.0))
-        probs.mul_(grad_ce[:, None])
-        return (probs.to(lm_head.dtype) @ lm_head).to(vectors.dtype), None, None, None
+        (dvec,) = ctx.saved_tensors
+        return dvec * grad_ce[:, None].to(dvec.dtype), None, None
 
 
 def vocab_cross_entropy(vectors: torch.Tensor, lm_head: torch.Tensor, targets: torch.Tensor,
@@ -69,7 +107,7 @@ def vocab_cross_entropy(vectors: torch.Tensor, lm_head: torch.Tensor, targets: t
     losses, argmax = [], []
     for i in range(0, vectors.shape[0], chunk_rows):
         ce, top = _RowCrossEntropy.apply(vectors[i:i + chunk_rows], lm_head,
-                                         targets[i:i + chunk_rows], want_argmax)
+                                         targets[i:i + chunk_rows])
         losses.append(ce)
         argmax.append(top)
     if not losses:
@@ -77,9 +115,19 @@ def vocab_cross_entropy(vectors: torch.Tensor, lm_head: torch.Tensor, targets: t
     return torch.cat(losses), (torch.cat(argmax) if want_argmax else None)
 
 
-def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum(w v) / sum(w); 0 (with a gradient path) when nothing counts."""
-    return (values * weights).sum() / weights.sum().clamp_min(1e-8)
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor,
+                  total: torch.Tensor | None = None) -> torch.Tensor:
+    """sum(w v) / sum(w) (or / ``total``); 0 (with a gradient path) when nothing counts."""
+    total = weights.sum() if total is None else total
+    return (values * weights).sum() / total.clamp_min(1e-8)
+
+
+def weight_total(blocks: Blocks, gamma: float) -> torch.Tensor:
+    """sum(w_j) over the batch's supervised positions: the denominator of every loss term
+    (data-parallel ranks add theirs up so that each rank's slice is weighted as in the whole)."""
+    valid = blocks.valid
+    return position_weights(valid.shape[-1] + 1, gamma, valid.device).expand_as(valid)[
+        valid].sum()
 
 
 @dataclass
@@ -99,16 +147,17 @@ class LossResult:
 
 
 def dspine_loss(draft: DSpineDraft, lm_head: torch.Tensor, out: DraftOutputs, blocks: Blocks,
-                cfg: LossConfig) -> LossResult:
+                cfg: LossConfig, total: torch.Tensor | None = None) -> LossResult:
     """The training loss of one batch; terms a draft does not have (a DFlash drafter: no
-    injection, no transition) are simply absent."""
+    injection, no transition) are simply absent. ``total`` replaces the batch's own sum of
+    position weights as every term's denominator (see `weight_total`)."""
     valid = blocks.valid
     w = position_weights(valid.shape[-1] + 1, cfg.gamma, valid.device).expand_as(valid)[valid]
     targets = blocks.targets[valid]
     hidden = out.hidden[valid]
 
     ce, top = vocab_cross_entropy(hidden, lm_head, targets, cfg.chunk_rows)
-    final = weighted_mean(ce, w)
+    final = weighted_mean(ce, w, total)
     loss, terms = final, {"final": final.detach()}
 
     if draft.transition is not None:
@@ -117,14 +166,14 @@ def dspine_loss(draft: DSpineDraft, lm_head: torch.Tensor, out: DraftOutputs, bl
         pair = (pred * tr.hidden_proj(hidden)) @ tr.succ.weight  # W_b^T (P[y_{j-1}] * G_j)
         tce, _ = vocab_cross_entropy(hidden + pair.to(hidden.dtype), lm_head, targets,
                                      cfg.chunk_rows, want_argmax=False)
-        transition = weighted_mean(tce, w)
+        transition = weighted_mean(tce, w, total)
         loss = loss + cfg.transition_weight * transition
         terms["transition"] = transition.detach()
 
     if out.features and cfg.layer_weight > 0:
         per_layer = [weighted_mean(vocab_cross_entropy(f[valid], lm_head, targets,
-                                                       cfg.chunk_rows, want_argmax=False)[0], w)
-                     for f in out.features]
+                                                       cfg.chunk_rows, want_argmax=False)[0], w,
+                                     total) for f in out.features]
         layers = torch.stack(per_layer).mean()
         loss = loss + cfg.layer_weight * layers
         terms["layers"] = layers.detach()

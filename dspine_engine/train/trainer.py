@@ -1,20 +1,17 @@
 """The training loop: batches of the target's own answers -> online target capture -> draft
 training forward -> DSpine loss; AdamW with warm-up + cosine, bf16 autocast on GPU, gradient
-accumulation and clipping, periodic checkpoints, a time budget, and resume.
+accumulation and clipping, periodic held-out evaluation and checkpoints (the best held-out
+draft is the one kept), a time budget (optionally sizing the run to it), and resume.
 
-Output directory layout (``OUT``):
-- ``config.json`` + ``model*.safetensors`` (bf16, shards <= 15 MiB): the draft, loadable with
-  ``Engine(target, draft=OUT)``;
-- ``train_state/``: fp32 master weights + AdamW moments (sharded the same way) and
-  ``state.json`` (step, schedule, the run's settings) for ``--resume``;
-- ``train_log.jsonl``: one line per logged step and per evaluation.
+One capture of the frozen target serves every draft of the run: the DSpine draft and, with an
+ablation, its DFlash twin, trained on the very same batches (`draft_run.DraftRun` holds each
+draft's optimizer, schedule and files).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,21 +22,22 @@ from tqdm.auto import tqdm
 from ..models.draft_config import DraftConfig
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
-from ..models.weights import WeightStore, checkpoint_files, save_checkpoint
 from .capture import TargetCapture
-from .forward import TrainingForward, make_blocks, sample_anchors
-from .losses import (LossConfig, block_metrics, default_gamma, dspine_loss, merge_metrics,
-                     summarize_metrics)
+from .distributed import DistContext
+from .draft_run import DraftRun, cosine_factor, find_state  # noqa: F401  (find_state: CLI)
+from .evaluation import EvalAccumulator, walk_correct, walk_tables
+from .flops import ce_terms, draft_step_flops, target_capture_flops
+from .forward import make_blocks, sample_anchors
+from .losses import block_metrics, merge_metrics, summarize_metrics, weight_total
 
-SHARD_BYTES = 15 * 2**20  # files that come back from the GPU machine must stay <= 16 MiB
-STATE_DIR = "train_state"
+CALIBRATION_STEPS = 20  # with steps=0: steps timed before the run is sized to its budget
 # Settings that may change when a run is resumed; all others are taken from the saved run.
 RUNTIME_FIELDS = ("max_minutes", "save_every", "log_every", "ce_chunk", "eval_batches")
 
 
 @dataclass
 class TrainConfig:
-    steps: int | None = None  # optimizer steps; None: `epochs` passes over the data
+    steps: int | None = None  # optimizer steps; None: `epochs` passes; 0: fill max_minutes
     epochs: float = 1.0
     batch_size: int = 32  # sequences per micro-batch (64 suits SmolLM2 on an H200)
     grad_accum: int = 1
@@ -106,99 +104,139 @@ def split_records(records: list[dict], eval_fraction: float = 0.02, max_eval: in
 class Trainer:
     def __init__(self, target: TargetModel, draft: DSpineDraft, data: SequenceData,
                  eval_data: SequenceData | None, cfg: TrainConfig, out_dir: Path,
-                 data_info: dict | None = None):
+                 data_info: dict | None = None,
+                 ablation: tuple[DSpineDraft, Path] | None = None,
+                 dist_ctx: DistContext | None = None):
+        """``ablation``: a second draft (the DFlash twin) and its output directory, trained on
+        the same batches and steps. ``dist_ctx``: data parallelism over ranks (`distributed`);
+        ``cfg.batch_size`` is then per rank."""
         if len(data) < 1:
             raise ValueError("no usable training sequences (each needs >= 2 response tokens)")
-        self.target, self.cfg, self.out = target, cfg, Path(out_dir)
+        if cfg.steps == 0 and not cfg.max_minutes:
+            raise ValueError("steps=0 sizes the run to its time budget: give max_minutes too")
+        self.target, self.cfg = target, cfg
         self.device = target.device
-        self.draft = draft.to(self.device, torch.float32).train()
         self.data, self.eval_data, self.data_info = data, eval_data, data_info or {}
-        self.batch_size = min(cfg.batch_size, len(data))
-        self.total_steps = cfg.steps or max(1, math.ceil(
-            cfg.epochs * (len(data) // self.batch_size) / cfg.grad_accum))
-        c = draft.config
-        self.loss_cfg = LossConfig(gamma=cfg.gamma or default_gamma(c.block_size),
-                                   layer_weight=cfg.layer_weight,
-                                   transition_weight=cfg.transition_weight,
-                                   chunk_rows=cfg.ce_chunk)
-        self.forward = TrainingForward(draft, target.embed, target.lm_head)
-        self.capture = TargetCapture(target, c.target_layer_ids, self.batch_size * cfg.max_len)
+        self.dist = dist_ctx or DistContext()
+        world = self.dist.world
+        # The global batch, a multiple of the ranks; each rank captures and trains its slice.
+        self.global_batch = min(cfg.batch_size * world, len(data)) // world * world
+        if self.global_batch < 1:
+            raise ValueError(f"{len(data)} training sequences cannot be shared by {world} ranks")
+        self.batch_size = self.global_batch // world
+        self.auto_steps = cfg.steps == 0
+        self.total_steps = (10**6 if self.auto_steps else cfg.steps) or max(1, math.ceil(
+            cfg.epochs * (len(data) // self.global_batch) / cfg.grad_accum))
+        self.runs = [DraftRun(_kind(draft), draft, target, cfg, out_dir, self._lr_factor,
+                              self.dist)]
+        if ablation is not None:
+            self.runs.append(DraftRun(_kind(ablation[0]), ablation[0], target, cfg, ablation[1],
+                                      self._lr_factor, self.dist))
+        self.draft, self.out = self.runs[0].draft, self.runs[0].out
+        self.capture = TargetCapture(target, self._tap_layers(), self.batch_size * cfg.max_len)
         self.autocast = cfg.bf16 and self.device.type == "cuda"
-        self.opt = torch.optim.AdamW(self._param_groups(), lr=cfg.lr, betas=(0.9, 0.95),
-                                     fused=self.device.type == "cuda")
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: self._lr_factor(s))
         self.step = 0
-        self.log_path = self.out / "train_log.jsonl"
+        self.last_flops, self.last_tokens = 0.0, 0  # of the last step (throughput logs)
 
-    # ------------------------------------------------------------------ setup
-    def _param_groups(self):
-        """Weight decay on matrices only (not on norm weights or the mask embedding)."""
-        params = [p for p in self.draft.parameters() if p.requires_grad]
-        return [{"params": [p for p in params if p.ndim >= 2],
-                 "weight_decay": self.cfg.weight_decay},
-                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    def _tap_layers(self) -> list[int]:
+        taps = [r.draft.config.target_layer_ids for r in self.runs]
+        if any(t != taps[0] for t in taps):
+            raise ValueError("drafts trained together must tap the same target layers")
+        return taps[0]
 
     def _lr_factor(self, step: int) -> float:
-        warm = self.cfg.warmup if self.cfg.warmup >= 1 else self.cfg.warmup * self.total_steps
-        warm = max(1, round(warm))
-        if step < warm:
-            return (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, self.total_steps - warm))
-        floor = self.cfg.min_lr_ratio
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+        return cosine_factor(step, self.total_steps, self.cfg.warmup, self.cfg.min_lr_ratio)
 
     # ------------------------------------------------------------------ one batch
-    def _loss(self, batch, generator):
+    def _capture(self, batch, generator, shard: bool = True):
+        """Blocks and the target's taps of one micro-batch (shared by every draft). Anchors are
+        drawn for the whole (global) batch, then ``shard`` keeps this rank's rows, so the ranks
+        together see exactly what one process would."""
         tokens, lengths, starts = batch
         anchors, keep = sample_anchors(lengths, starts, self.cfg.blocks_per_seq,
                                        tokens.shape[1], generator)
+        if shard and self.dist.active:
+            rows = self.dist.batch_slice(tokens.shape[0])
+            tokens, lengths, anchors, keep = tokens[rows], lengths[rows], anchors[rows], keep[rows]
         dev = self.device
         tokens = tokens.to(dev, non_blocking=True)
-        blocks = make_blocks(tokens, lengths.to(dev), anchors.to(dev), keep.to(dev),
-                             self.draft.config.block_size)
-        taps = self.capture(tokens, lengths.tolist())
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.autocast):
-            out = self.forward(taps, blocks)
-            return dspine_loss(self.draft, self.target.lm_head, out, blocks, self.loss_cfg)
+        block_size = self.runs[0].draft.config.block_size
+        blocks = make_blocks(tokens, lengths.to(dev), anchors.to(dev), keep.to(dev), block_size)
+        return self.capture(tokens, lengths.tolist()), blocks
+
+    def _flops(self, lengths: list[int], blocks, valid_rows: int) -> float:
+        kept = int(blocks.keep.sum())
+        return target_capture_flops(self.target.config, lengths) + sum(
+            draft_step_flops(r.draft.config, lengths, kept, valid_rows,
+                             ce_terms(r.draft.config, self.cfg.layer_weight)) for r in self.runs)
 
     def train_step(self) -> tuple[dict, dict]:
-        """One optimizer step over ``grad_accum`` micro-batches; returns device-side loss terms
-        and metric counts (no host sync)."""
+        """One optimizer step of every draft over ``grad_accum`` micro-batches; returns the
+        first draft's device-side loss terms and metric counts (no host sync; the others' are
+        in ``run.last_terms`` / ``run.last_counts``)."""
         cfg = self.cfg
-        terms, counts = {}, None
+        acc = [({}, None) for _ in self.runs]
+        flops, tokens = 0.0, 0
         for k in range(cfg.grad_accum):
             micro = self.step * cfg.grad_accum + k
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + micro)
-            res = self._loss(self.data.micro_batch(micro, self.batch_size, cfg.seed), gen)
-            (res.loss / cfg.grad_accum).backward()
-            for name, v in {"loss": res.loss.detach(), **res.terms}.items():
-                terms[name] = terms.get(name, 0) + v / cfg.grad_accum
-            counts = merge_metrics(counts, block_metrics(res.correct, res.valid))
-        terms["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.clip)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
+            batch = self.data.micro_batch(micro, self.global_batch, cfg.seed)
+            taps, blocks = self._capture(batch, gen)
+            total = self._weight_total(blocks)
+            last = k == cfg.grad_accum - 1
+            for i, run in enumerate(self.runs):
+                with (contextlib.nullcontext() if last else run.no_sync()):
+                    res, _ = run.loss(taps, blocks, self.autocast, total, training=True)
+                    (res.loss / cfg.grad_accum).backward()
+                terms, counts = acc[i]
+                for name, v in {"loss": res.loss.detach(), **res.terms}.items():
+                    terms[name] = terms.get(name, 0) + v / cfg.grad_accum
+                acc[i] = (terms, merge_metrics(counts, block_metrics(res.correct, res.valid)))
+            local = batch[1][self.dist.batch_slice(len(batch[1]))]
+            flops += self._flops(local.tolist(), blocks, int(blocks.valid.sum()))
+            tokens += int(local.sum())
+        for run, (terms, counts) in zip(self.runs, acc):
+            terms["grad_norm"] = run.optimizer_step()
+            run.last_terms, run.last_counts = terms, counts
         self.step += 1
-        return terms, counts
+        self.last_flops, self.last_tokens = flops, tokens
+        return acc[0]
+
+    def _weight_total(self, blocks):
+        """The loss denominator of this rank's slice: the whole batch's sum of position weights
+        over the ranks (DDP averages the ranks' gradients, hence the division), or None in one
+        process (each term then uses its own batch's sum)."""
+        if not self.dist.active:
+            return None
+        total = weight_total(blocks, self.runs[0].loss_cfg.gamma)
+        return self.dist.all_sum(total.detach().clone()) / self.dist.world
 
     @torch.no_grad()
-    def evaluate(self) -> dict | None:
-        """Loss terms, per-position accuracy and tau on held-out sequences with fixed anchors."""
+    def evaluate_all(self) -> dict[str, dict] | None:
+        """Per draft: loss terms, per-position accuracy, tau (argmax) and tau_walk (the
+        engine's chain choice) on held-out sequences with fixed anchors."""
         if not self.eval_data or not len(self.eval_data) or self.cfg.eval_batches < 1:
             return None
-        self.draft.eval()
+        for run in self.runs:
+            run.draft.eval()
         gen = torch.Generator().manual_seed(12345)
-        terms, counts, n = {}, None, 0
+        accs = [EvalAccumulator() for _ in self.runs]
+        tables = [walk_tables(r.draft, self.target.lm_head) for r in self.runs]
         bs = min(self.batch_size, len(self.eval_data))
         for start in range(0, min(len(self.eval_data), bs * self.cfg.eval_batches), bs):
             idx = list(range(start, min(start + bs, len(self.eval_data))))
-            res = self._loss(self.eval_data.batch(idx), gen)
-            for name, v in {"loss": res.loss, **res.terms}.items():
-                terms[name] = terms.get(name, 0) + float(v)
-            counts = merge_metrics(counts, block_metrics(res.correct, res.valid))
-            n += 1
-        self.draft.train()
-        return {**{k: v / n for k, v in terms.items()}, **summarize_metrics(counts)}
+            taps, blocks = self._capture(self.eval_data.batch(idx), gen, shard=False)
+            for run, acc, tab in zip(self.runs, accs, tables):
+                res, out = run.loss(taps, blocks, self.autocast)
+                acc.add(res, walk_correct(run.draft, self.target.lm_head, out, blocks, tab))
+        for run in self.runs:
+            run.draft.train()
+        return {run.name: acc.summary() for run, acc in zip(self.runs, accs)}
+
+    def evaluate(self) -> dict | None:
+        """The first draft's held-out scores (see `evaluate_all`)."""
+        scores = self.evaluate_all()
+        return None if scores is None else scores[self.runs[0].name]
 
     # ------------------------------------------------------------------ the loop
     def run(self, t_start: float | None = None) -> bool:
@@ -208,116 +246,167 @@ class Trainer:
         deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
         step_time, save_time = 0.0, 30.0  # estimates, refined as we go
         first_step = self.step
-        bar = tqdm(total=self.total_steps, initial=self.step, desc="fit", unit="step")
-        window_terms, window_counts, window_steps = {}, None, 0
-        window_start = time.monotonic()
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="fit", unit="step",
+                   disable=not self.dist.is_main)
+        window = _Window()
+        timed = []
         try:
             while self.step < self.total_steps:
-                if time.monotonic() + step_time + save_time > deadline:
-                    save_time = self._save_timed()
-                    tqdm.write(f"time budget reached at step {self.step}/{self.total_steps}; "
-                               f"checkpoint in {self.out}; continue with --resume")
+                # Rank 0 decides, so that every rank stops at the same step.
+                if self.dist.from_main(time.monotonic() + step_time + save_time > deadline):
+                    save_time = self._checkpoint()
+                    self._say(f"time budget reached at step {self.step}/{self.total_steps}; "
+                              f"checkpoint in {self.out}; continue with --resume")
                     return False
                 t0 = time.monotonic()
-                terms, counts = self.train_step()
-                for k, v in terms.items():
-                    window_terms[k] = window_terms.get(k, 0) + v
-                window_counts = merge_metrics(window_counts, counts)
-                window_steps += 1
+                self.train_step()
+                window.add(self)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                    self._log_train(bar, window_terms, window_counts, window_steps,
-                                    time.monotonic() - window_start)
-                    window_terms, window_counts, window_steps = {}, None, 0
-                    window_start = time.monotonic()
+                    self._log_train(bar, window)
+                    window = _Window()
                 bar.update()
-                step_time = 0.9 * step_time + 0.1 * (time.monotonic() - t0) if step_time else (
-                    time.monotonic() - t0)
-                if self.step % cfg.save_every == 0 and self.step < self.total_steps:
-                    save_time = self._save_timed()
+                dt = time.monotonic() - t0
+                step_time = 0.9 * step_time + 0.1 * dt if step_time else dt
+                timed.append(dt)
+                if self.auto_steps and self.step - first_step == CALIBRATION_STEPS:
+                    save_time = self._checkpoint()
+                    self._size_to_budget(timed[5:], save_time, deadline, bar)
+                elif self.step % cfg.save_every == 0 and self.step < self.total_steps:
+                    save_time = self._checkpoint()
         except KeyboardInterrupt:
-            tqdm.write("interrupted: saving a checkpoint")
-            self.save()
+            self._say("interrupted: saving a checkpoint")
+            for run in self.runs:
+                if run.best is None:  # never evaluated: the latest weights are the draft
+                    run.save_draft()
+            self._save_state()
             raise
         finally:
             bar.close()
         if self.step > first_step:
-            self._save_timed()
+            self._checkpoint()
         return True
 
-    def _log_train(self, bar, terms, counts, steps, seconds) -> None:
-        row = {"step": self.step, "lr": self.sched.get_last_lr()[0],
-               **{k: float(v) / steps for k, v in terms.items()}, **summarize_metrics(counts),
-               "step_seconds": seconds / steps}
-        if self.device.type == "cuda":
-            row["peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self._append_log(row)
-        short = {"loss": row["loss"], "final": row["final"], "tr": row.get("transition"),
-                 "lw": row.get("layers"), "acc": row["acc"], "tau": row["tau"], "lr": row["lr"]}
-        bar.set_postfix({k: f"{v:.3g}" for k, v in short.items() if v is not None})
+    def _size_to_budget(self, step_times: list[float], ckpt_time: float, deadline: float,
+                        bar) -> None:
+        """steps=0: the run's length follows from the measured step and checkpoint times, so
+        the cosine schedule ends inside --max-minutes instead of being cut short."""
+        step = sorted(step_times)[len(step_times) // 2]
+        left = (deadline - time.monotonic()) * 0.97 - ckpt_time  # the final checkpoint
+        more = max(1, int(left / (step + ckpt_time / self.cfg.save_every)))
+        self.total_steps = self.dist.from_main(self.step + more)
+        bar.total = self.total_steps
+        self._say(f"sized to the budget: {self.total_steps} steps ({step * 1e3:.0f} ms/step, "
+                  f"{ckpt_time:.1f} s per checkpoint)")
 
-    def _append_log(self, row: dict) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    def _say(self, text: str) -> None:
+        if self.dist.is_main:
+            tqdm.write(text)
 
-    def _save_timed(self) -> float:
+    def _log_train(self, bar, window: "_Window") -> None:
+        window.gather(self.dist)
+        seconds = window.seconds()
+        throughput = {"tokens_per_s": window.tokens / seconds, "blocks_per_s": window.blocks /
+                      seconds, "tflops": window.flops / seconds / 1e12}
+        postfix = {}
+        for i, run in enumerate(self.runs):
+            terms, counts = window.terms[i], window.counts[i]
+            row = {"step": self.step, "lr": run.sched.get_last_lr()[0],
+                   **{k: float(v) / window.steps for k, v in terms.items()},
+                   **summarize_metrics(counts), "step_seconds": seconds / window.steps,
+                   **throughput}
+            if self.device.type == "cuda":
+                row["peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            run.append_log(row)
+            if i == 0:
+                postfix = {"loss": row["loss"], "final": row["final"],
+                           "tr": row.get("transition"), "lw": row.get("layers"),
+                           "acc": row["acc"], "tau": row["tau"], "lr": row["lr"],
+                           "tflops": row["tflops"]}
+            else:
+                postfix[f"tau_{run.name}"] = row["tau"]
+        bar.set_postfix({k: f"{v:.3g}" for k, v in postfix.items() if v is not None})
+
+    def _checkpoint(self) -> float:
+        """Evaluates, keeps each draft's best held-out checkpoint as its servable draft, and
+        writes the resume state. Returns the seconds it took."""
         t0 = time.monotonic()
-        self.save()
-        ev = self.evaluate()
-        if ev is not None:
-            self._append_log({"step": self.step, "eval": ev})
-            acc = " ".join(f"{a:.2f}" for a in ev["acc_by_pos"])
-            tqdm.write(f"step {self.step}: eval loss {ev['loss']:.3f} tau {ev['tau']:.2f} "
-                       f"acc by position [{acc}]")
+        scores = self.evaluate_all() if self.dist.is_main else None  # rank 0 alone writes
+        for run in self.runs:
+            ev = None if scores is None else scores[run.name]
+            if ev is None or run.record_eval(self.step, ev["tau_walk"]):
+                run.save_draft()
+            if ev is not None:
+                run.append_log({"step": self.step, "eval": ev})
+                acc = " ".join(f"{a:.2f}" for a in ev["acc_walk_by_pos"])
+                self._say(f"[{run.name}] step {self.step}: eval loss {ev['loss']:.3f} tau "
+                           f"{ev['tau']:.2f} tau_walk {ev['tau_walk']:.2f} (best "
+                           f"{run.best:.2f} at {run.best_step}) walk acc by position [{acc}]")
+        self._save_state()
+        self.dist.barrier()  # the other ranks wait for rank 0's evaluation and files
         return time.monotonic() - t0
 
-    # ------------------------------------------------------------------ checkpoints
+    def _save_state(self) -> None:
+        for run in self.runs:
+            run.save_state(self.step, self.total_steps, self.data_info)
+
     def save(self) -> None:
-        """Writes the bf16 draft (usable at once) and the resume state, each in shards."""
-        self.draft.save(self.out, dtype=torch.bfloat16, max_shard_bytes=SHARD_BYTES)
-        tensors = {f"param.{n}": p.detach().float().cpu().contiguous()
-                   for n, p in self.draft.named_parameters()}
-        opt_state = self.opt.state_dict()
-        for idx, st in opt_state["state"].items():
-            for key, v in st.items():
-                tensors[f"optim.{idx}.{key}"] = v.detach().cpu().contiguous()
-        tmp, final, old = (self.out / f"{STATE_DIR}.tmp", self.out / STATE_DIR,
-                           self.out / f"{STATE_DIR}.old")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_checkpoint(tensors, tmp, SHARD_BYTES)
-        state = {"step": self.step, "total_steps": self.total_steps,
-                 "param_groups": opt_state["param_groups"],
-                 "scheduler": self.sched.state_dict(), "config": dataclasses.asdict(self.cfg),
-                 "data": self.data_info}
-        (tmp / "state.json").write_text(json.dumps(state, indent=1) + "\n")
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            final.rename(old)
-        tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        """Writes every draft (bf16) and its resume state, without evaluating."""
+        for run in self.runs:
+            run.save_draft()
+        self._save_state()
 
-    def load_state(self, state_dir: Path, state: dict) -> None:
-        store = WeightStore(checkpoint_files(state_dir), progress=False)
-        with torch.no_grad():
-            for name, p in self.draft.named_parameters():
-                p.copy_(store.get(f"param.{name}", tuple(p.shape)))
-        opt_state = {"state": {}, "param_groups": state["param_groups"]}
-        for name in store.names():
-            if name.startswith("optim."):
-                _, idx, key = name.split(".", 2)
-                opt_state["state"].setdefault(int(idx), {})[key] = store.get(name)
-        self.opt.load_state_dict(opt_state)
-        self.sched.load_state_dict(state["scheduler"])
-        self.step = state["step"]
+    def load_state(self, state_dirs: list[Path], states: list[dict]) -> None:
+        for run, d, st in zip(self.runs, state_dirs, states):
+            run.load_state(d, st)
+        self.step = states[0]["step"]
+        self.total_steps = states[0]["total_steps"]
+        self.auto_steps = self.auto_steps and self.total_steps >= 10**6
 
 
-def find_state(out_dir: Path) -> Path | None:
-    """The resume state in ``out_dir`` (the previous one if a save was cut short)."""
-    for name in (STATE_DIR, f"{STATE_DIR}.old"):
-        d = Path(out_dir) / name
-        if (d / "state.json").is_file():
-            return d
-    return None
+class _Window:
+    """What happened since the last log line: loss terms and counts per draft, tokens, blocks,
+    FLOPs, steps, time."""
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.terms, self.counts = [], []
+        self.steps, self.tokens, self.blocks, self.flops = 0, 0, 0, 0.0
+
+    def add(self, trainer: Trainer) -> None:
+        if not self.terms:
+            self.terms, self.counts = [{} for _ in trainer.runs], [None for _ in trainer.runs]
+        for i, run in enumerate(trainer.runs):
+            for k, v in run.last_terms.items():
+                self.terms[i][k] = self.terms[i].get(k, 0) + v
+            self.counts[i] = merge_metrics(self.counts[i], run.last_counts)
+        counts = trainer.runs[0].last_counts
+        self.steps += 1
+        self.blocks += int(counts["blocks"])
+        self.tokens += trainer.last_tokens
+        self.flops += trainer.last_flops
+
+    def gather(self, ctx: DistContext) -> None:
+        """Sums over ranks (the ranks' loss terms are their slices' shares of the batch's loss,
+        hence terms / W; counts, tokens, blocks and FLOPs simply add up)."""
+        if not ctx.active:
+            return
+        for terms in self.terms:
+            for k in terms:
+                terms[k] = ctx.all_sum(torch.as_tensor(terms[k]).clone().float()) / ctx.world
+        for counts in self.counts:
+            for k in counts:
+                counts[k] = ctx.all_sum(counts[k].clone())
+        dev = self.counts[0]["blocks"].device
+        totals = ctx.all_sum(torch.tensor([self.tokens, self.blocks, self.flops],
+                                          dtype=torch.float64, device=dev))
+        self.tokens, self.blocks, self.flops = int(totals[0]), int(totals[1]), float(totals[2])
+
+    def seconds(self) -> float:
+        return max(1e-9, time.monotonic() - self.start)
+
+
+def _kind(draft: DSpineDraft) -> str:
+    return "dspine" if draft.config.injection or draft.config.transition else "dflash"
 
 
 def resume_config(saved: dict, requested: TrainConfig) -> tuple[TrainConfig, list[str]]:

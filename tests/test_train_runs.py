@@ -1,0 +1,255 @@
+"""Training runs beyond one draft's loss: a DSpine draft and its DFlash twin trained side by
+side on the same batches, runs sized to a time budget, held-out scoring with the engine's chain
+choice and best-checkpoint keeping, the narrower-MLP init, and the FLOP count."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from dspine_engine.models.dspine import DSpineDraft
+from dspine_engine.train.draft_init import copy_target_layers, mlp_neurons, new_draft_config
+from dspine_engine.train.trainer import SequenceData, TrainConfig, Trainer
+
+BLOCK = 8
+
+
+def _records(n=12, length=40, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [{"prompt_ids": [1, 90, 198, 100 + i],
+             "response_ids": torch.randint(3, 500, (length,), generator=gen).tolist()}
+            for i in range(n)]
+
+
+def _draft(target, **kw):
+    cfg = new_draft_config(target.config, layers=2, block_size=BLOCK, rank=16, top_k=4,
+                           target_layers=[0, 2], **kw)
+    return DSpineDraft(cfg).init_weights(seed=3)
+
+
+def _twin(draft):
+    from dspine_engine.cli.train import _ablation_twin
+
+    return _ablation_twin(draft)
+
+
+def _config(**kw):
+    base = dict(steps=3, batch_size=4, lr=3e-3, warmup=1, blocks_per_seq=3, save_every=1000,
+                eval_batches=1, bf16=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _params(draft):
+    return {n: p.detach().clone() for n, p in draft.named_parameters()}
+
+
+def test_side_by_side_equals_separate_runs(small_vocab_target, tmp_path):
+    """Training the DFlash twin alongside changes nothing for either draft: each ends with the
+    weights it reaches when trained alone on the same data and steps."""
+    target, data = small_vocab_target, SequenceData(_records(), 256)
+    dspine = _draft(target)
+    twin = _twin(dspine)
+    assert not twin.config.injection and not twin.config.transition
+    shared = set(_params(twin))
+    assert all(torch.equal(_params(dspine)[n], p) for n, p in _params(twin).items())
+    alone = [_draft(target), _twin(_draft(target))]
+
+    pair = Trainer(target, dspine, data, None, _config(), tmp_path / "a",
+                   ablation=(twin, tmp_path / "b"))
+    for _ in range(3):
+        pair.train_step()
+    for i, draft in enumerate(alone):
+        solo = Trainer(target, draft, data, None, _config(), tmp_path / f"solo{i}")
+        for _ in range(3):
+            solo.train_step()
+    for mine, ref in ((dspine, alone[0]), (twin, alone[1])):
+        for name, p in _params(ref).items():
+            torch.testing.assert_close(_params(mine)[name], p, rtol=0, atol=0, msg=name)
+    assert shared < set(_params(dspine))  # the twin lacks exactly the DSpine-only parts
+    assert not any("injection" in n or "transition" in n for n in shared)
+
+
+def test_side_by_side_from_the_cli_and_resume(tiny_llama, tmp_path, monkeypatch):
+    from dspine_engine.cli.train import main
+    from dspine_engine.train import trainer as trainer_mod
+    from dspine_engine.train.data import read_samples
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _records(length=30)))
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps(r) + "\n" for r in _records(n=4, length=30, seed=9)))
+    args = ["fit", "--target", str(tiny_llama), "--data", str(data), "--eval-data", str(held),
+            "--out", str(tmp_path / "dspine"), "--ablation-out", str(tmp_path / "dflash"),
+            "--layers", "2", "--target-layers", "0,2", "--block-size", str(BLOCK), "--rank",
+            "16", "--batch-size", "2", "--blocks-per-seq", "3", "--max-len", "64",
+            "--save-every", "2", "--log-every", "1", "--quiet"]
+    original = trainer_mod.Trainer.train_step
+
+    def interrupting(self):
+        if self.step == 3:
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        main(args + ["--steps", "4"])
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", original)
+    for name in ("dspine", "dflash"):
+        rows = [json.loads(line) for line in (tmp_path / name / "train_log.jsonl").open()]
+        evals = [r for r in rows if "eval" in r]
+        assert [r["step"] for r in evals] == [2]
+        for r in evals:
+            assert 1.0 <= r["eval"]["tau_walk"] <= BLOCK
+        steps = [r for r in rows if "eval" not in r]
+        assert [r["step"] for r in steps] == [1, 2, 3]
+        assert all(r["tflops"] > 0 and r["tokens_per_s"] > 0 for r in steps)
+        state = json.loads((tmp_path / name / "train_state" / "state.json").read_text())
+        best = max(evals, key=lambda r: r["eval"]["tau_walk"])
+        assert state["best"] == pytest.approx(best["eval"]["tau_walk"])
+        assert (tmp_path / name / "config.json").is_file()
+    cfg = json.loads((tmp_path / "dflash" / "config.json").read_text())
+    assert not cfg["transition"]["enabled"] and cfg["injection"] == {"enabled": False}
+    assert len(read_samples(held)) == 4
+    # Resuming continues both runs; a run with only one saved state is refused clearly.
+    assert main(args + ["--steps", "4", "--resume"]) == 0
+    for name in ("dspine", "dflash"):
+        state = json.loads((tmp_path / name / "train_state" / "state.json").read_text())
+        assert state["step"] == 4
+        rows = [json.loads(line) for line in (tmp_path / name / "train_log.jsonl").open()]
+        assert [r["step"] for r in rows if "eval" in r] == [2, 4]
+    import shutil
+
+    shutil.rmtree(tmp_path / "dflash" / "train_state")
+    assert main(args + ["--steps", "5", "--resume"]) == 2
+
+
+def test_ablation_out_needs_a_dspine_draft(small_vocab_target):
+    dflash = _draft(small_vocab_target, injection=False, transition=False)
+    with pytest.raises(ValueError, match="DSpine"):
+        _twin(dflash)
+
+
+def test_run_sized_to_its_budget(small_vocab_target, tmp_path):
+    target, data = small_vocab_target, SequenceData(_records(), 256)
+    with pytest.raises(ValueError, match="max_minutes"):
+        Trainer(target, _draft(target), data, None, _config(steps=0), tmp_path)
+    trainer = Trainer(target, _draft(target), data, None,
+                      _config(steps=0, max_minutes=1.0, save_every=10), tmp_path)
+    trainer.step = 20
+
+    class Bar:
+        total = None
+
+    import time
+
+    deadline, bar = time.monotonic() + 30.0, Bar()
+    trainer._size_to_budget([0.1] * 15, 1.0, deadline, bar)
+    # 30 s * 0.97 - 1 s for the last checkpoint, at 0.1 s/step + 1 s per 10 steps: ~143 more.
+    assert 20 + 135 <= trainer.total_steps <= 20 + 145
+    assert bar.total == trainer.total_steps
+
+
+def test_walk_score_is_the_argmax_chain_without_pair_scores(small_vocab_target):
+    """With a zero pair term the transition walk picks each position's argmax, so the held-out
+    tau_walk equals the argmax tau; the transition tables are the ones the engine binds."""
+    from dspine_engine.train.evaluation import walk_tables
+
+    target, data = small_vocab_target, SequenceData(_records(), 256)
+    draft = _draft(target)
+    with torch.no_grad():
+        draft.transition.hidden_proj.weight.zero_()
+    trainer = Trainer(target, draft, data, data, _config(eval_batches=2), "/nonexistent")
+    scores = trainer.evaluate()
+    assert scores["tau_walk"] == pytest.approx(scores["tau"])
+    assert scores["acc_walk_by_pos"] == pytest.approx(scores["acc_by_pos"], nan_ok=True)
+    draft.bind(target.embed, target.lm_head, target.config, target.lm_head_dense)
+    p_tab, q_tab = walk_tables(draft, target.lm_head)
+    torch.testing.assert_close(p_tab, draft.bound["pred_table"])
+    torch.testing.assert_close(q_tab, draft.bound["succ_table"])
+
+
+def test_best_checkpoint_is_kept(small_vocab_target, tmp_path):
+    from dspine_engine.train.draft_run import DraftRun
+
+    target = small_vocab_target
+    run = DraftRun("dspine", _draft(target), target, _config(), tmp_path, lambda s: 1.0)
+    assert run.record_eval(2, 1.5) and not run.record_eval(4, 1.4) and run.record_eval(6, 1.6)
+    assert (run.best, run.best_step) == (1.6, 6)
+    assert not run.record_eval(8, 1.6)  # ties keep the earlier checkpoint
+
+
+def test_narrower_mlp_starts_from_the_strongest_target_neurons(tiny_target_model):
+    target = tiny_target_model
+    t = target.config
+    keep = t.intermediate_size // 2
+    cfg = new_draft_config(t, layers=1, target_layers=[1], intermediate=keep)
+    draft = DSpineDraft(cfg).init_weights()
+    assert copy_target_layers(draft, target) == [t.num_layers - 1]
+    src = target.layers[t.num_layers - 1]
+    gu = src.gate_up.checkpoint_weight
+    gate, up, down = gu[:t.intermediate_size], gu[t.intermediate_size:], src.down.checkpoint_weight
+    idx = mlp_neurons(gate, up, down, keep)
+    score = gate.norm(dim=1) * up.norm(dim=1) * down.norm(dim=0)
+    assert set(idx.tolist()) == set(torch.topk(score, keep).indices.tolist())
+    assert idx.tolist() == sorted(idx.tolist())
+    mlp = draft.layers[0].mlp
+    torch.testing.assert_close(mlp.gate_proj.weight, gate[idx])
+    torch.testing.assert_close(mlp.down_proj.weight, down[:, idx])
+    wide = new_draft_config(t, layers=1, target_layers=[1], intermediate=t.intermediate_size * 2)
+    from dspine_engine.models.config import ModelConfigError
+
+    with pytest.raises(ModelConfigError):
+        copy_target_layers(DSpineDraft(wide).init_weights(), target)
+
+
+@pytest.fixture(scope="module")
+def tiny_target_model(tiny_llama):
+    from dspine_engine.models.target import TargetModel
+
+    return TargetModel.load(tiny_llama, progress=False)
+
+
+def test_flop_count_matches_torch_counter(small_vocab_target):
+    """The analytic count of the draft's GEMMs (forward + backward, loss projections included)
+    agrees with torch's FLOP counter on a real step, attention aside (kept tiny here)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dspine_engine.train.flops import ce_terms, draft_step_flops
+
+    target, data = small_vocab_target, SequenceData(_records(n=4, length=12), 256)
+    draft = _draft(target)
+    trainer = Trainer(target, draft, data, None, _config(batch_size=4), "/nonexistent")
+    batch = data.batch([0, 1, 2, 3])
+    taps, blocks = trainer._capture(batch, torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter:
+        res, _ = trainer.runs[0].loss(taps, blocks, autocast=False)
+        res.loss.backward()
+    counted = counter.get_total_flops()
+    ours = draft_step_flops(draft.config, batch[1].tolist(), int(blocks.keep.sum()),
+                            int(blocks.valid.sum()), ce_terms(draft.config, 1.0))
+    assert 0.75 * counted <= ours <= 1.25 * counted, (ours, counted)
+
+
+def test_merge_keeps_the_first_record_of_each_prompt(tmp_path, capsys):
+    from dspine_engine.cli.train import main
+    from dspine_engine.train.data import read_samples
+
+    a, b = _records(n=3), _records(n=4, seed=1)  # b's first 3 prompts repeat a's
+    for path, recs in ((tmp_path / "a.jsonl", a), (tmp_path / "b.jsonl", b)):
+        path.write_text("".join(json.dumps({**r, "index": 7 + i}) + "\n"
+                                for i, r in enumerate(recs)))
+    out = tmp_path / "all.jsonl"
+    assert main(["merge", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--out",
+                 str(out)]) == 0
+    merged = read_samples(out)
+    assert [r["response_ids"] for r in merged] == [r["response_ids"] for r in a + b[3:]]
+    assert [r["index"] for r in merged] == [0, 1, 2, 3]
+    # The turns of one conversation share an index, before and after.
+    turns = [{**a[0], "index": 5, "turn": 0}, {**b[3], "index": 5, "turn": 1}]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in turns))
+    assert main(["merge", str(tmp_path / "a.jsonl"), str(tmp_path / "c.jsonl"), "--out",
+                 str(out)]) == 0
+    assert [r["index"] for r in read_samples(out)] == [0, 1, 2, 3]  # a[0] repeats; b[3] new
+    assert "3 repeated prompts dropped" in capsys.readouterr().err
