@@ -33,13 +33,14 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def expected(smollm2_engine):
-    """The engine's greedy answers (autoregressive, in this process)."""
+def expected(smollm2_quant_engine):
+    """The engine's greedy answers (autoregressive, in this process), on the weights the server
+    loads by default on a CPU: the model's own GGUF blocks."""
     from dspine_engine import SamplingParams
 
-    tok = smollm2_engine.tokenizer
+    tok = smollm2_quant_engine.tokenizer
     prompts = CHATS + [tok.encode(PROMPT)]  # completions send raw text: no chat template
-    return smollm2_engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
+    return smollm2_quant_engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
 
 
 def _usage_matches(usage, result):
@@ -103,7 +104,7 @@ def test_completion_stream_joins_to_the_text(client, expected):
     assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
 
 
-def test_sampling_parameters_reach_the_engine(client, server, smollm2_engine):
+def test_sampling_parameters_reach_the_engine(client, server, smollm2_quant_engine):
     """temperature, top_p, top_k (extra), seed and stop as the engine reads them: the same
     seeded sample as the engine's (autoregressive server only: a drafted sample follows the same
     distribution but not the same draw)."""
@@ -113,7 +114,7 @@ def test_sampling_parameters_reach_the_engine(client, server, smollm2_engine):
         pytest.skip("seeded draws are compared on the autoregressive server")
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.9, top_k=40,
                             seed=1234, stop=["\n"])
-    want = smollm2_engine.generate([CHATS[1]], params)[0]
+    want = smollm2_quant_engine.generate([CHATS[1]], params)[0]
     r = client.chat.completions.create(model=MODEL, messages=CHATS[1], temperature=0.8,
                                        top_p=0.9, seed=1234, stop="\n", max_tokens=MAX_TOKENS,
                                        extra_body={"top_k": 40})

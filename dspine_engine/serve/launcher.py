@@ -73,6 +73,12 @@ class ServerProcess:
     def terminate(self, timeout: float = 60.0) -> int:
         """SIGTERM, then the exit code (killed, and TimeoutExpired raised, after ``timeout``)."""
         self.send_sigterm()
+        return self.wait(timeout)
+
+    def wait(self, timeout: float = 60.0) -> int:
+        """The exit code of a server already told to stop, sending nothing more: a second
+        SIGTERM that lands while Python is tearing down (its handlers are gone by then) would
+        end the process with -15 instead of its own exit code."""
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
