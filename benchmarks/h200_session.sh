@@ -91,12 +91,20 @@ if [ "$MODE" = data ]; then
   gen 1 $S/heldout_prompts.jsonl $S/heldout.jsonl 999 2
   gen $((GPUS * DATA_PROCS)) $S/prompts.jsonl $S/data.jsonl $SEED $DATA_MIN
   say "generators started"
+  sleep 45  # a generator that fails at start-up ends the call here, with its log, not minutes later
+  if ! pgrep -f "cli.train data" >/dev/null; then
+    say "generators died"; tail -40 $R/logs/data.log; pack; exit 1
+  fi
   # Beside them (the GPU has room): every GPU test, then memcheck over the kernel tests.
   timeout 240 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; pack
   timeout 90 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
     -k "paged_attention or walk or block_verify or injection or rope" > $R/logs/memcheck.log 2>&1
   say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
+  # The quantised CPU kernels on this host's CPU (AVX-512 VNNI, which the CI machine lacks).
+  timeout 120 python3 -c "from dspine_engine import ops; print('quant isa', ops.quant_isa())" > $R/logs/quant_cpu.log 2>&1
+  timeout 200 python3 -m pytest -q tests/test_quant_cpu.py -rf >> $R/logs/quant_cpu.log 2>&1
+  say "quant cpu rc $? : $(head -1 $R/logs/quant_cpu.log) $(tail -1 $R/logs/quant_cpu.log)"
   while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
   for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
   say "data: $(head -1 $S/data_stats.txt)"; pack; exit 0
