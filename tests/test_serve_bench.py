@@ -4,6 +4,10 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the serve extras (pip install -e '.[serve]')")
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import serve_load  # noqa: E402

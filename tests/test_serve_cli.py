@@ -7,6 +7,19 @@ import sys
 import pytest
 
 
+def _have_serve_extras() -> bool:
+    try:
+        import fastapi  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Past --help the command imports the server, which needs the serve extras.
+needs_serve_extras = pytest.mark.skipif(not _have_serve_extras(),
+                                        reason="needs the serve extras (pip install -e '.[serve]')")
+
+
 def _serve(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "dspine_engine.cli.serve", *args],
                           capture_output=True, text=True, timeout=timeout)
@@ -20,6 +33,7 @@ def test_help_explains_endpoints_and_flags():
         assert words in out.stdout
 
 
+@needs_serve_extras
 def test_taken_port_is_a_clear_error():
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
@@ -29,6 +43,7 @@ def test_taken_port_is_a_clear_error():
     assert "Traceback" not in out.stderr
 
 
+@needs_serve_extras
 @pytest.mark.parametrize("args,words", [(["--model", "/no/such/model"], "not found"),
                                         (["--draft", "/no/such/draft"], "does not exist")])
 def test_bad_model_is_a_clear_error(tiny_llama, args, words):

@@ -5,11 +5,13 @@ the speculative path are in play."""
 import asyncio
 import threading
 
-import httpx
 import pytest
 
-from random_drafts import write_tiny_random_draft
-from serve_harness import Server, metrics, sse_events, wait_idle
+pytest.importorskip("fastapi", reason="needs the serve extras (pip install -e '.[serve]')")
+httpx = pytest.importorskip("httpx")
+
+from random_drafts import write_tiny_random_draft  # noqa: E402
+from serve_harness import Server, metrics, sse_events, wait_idle  # noqa: E402
 
 KEY = "test-key"
 MODEL = "tiny"

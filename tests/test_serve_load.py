@@ -12,10 +12,12 @@ import asyncio
 import json
 import random
 
-import httpx
 import pytest
 
-from serve_harness import Server, metrics, sse_events, wait_idle
+pytest.importorskip("fastapi", reason="needs the serve extras (pip install -e '.[serve]')")
+httpx = pytest.importorskip("httpx")
+
+from serve_harness import Server, metrics, sse_events, wait_idle  # noqa: E402
 
 MODEL = "tiny"
 CLIENTS = 32

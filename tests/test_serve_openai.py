@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from serve_harness import Server
-
+pytest.importorskip("fastapi", reason="needs the serve extras (pip install -e '.[serve]')")
 openai = pytest.importorskip("openai")
+
+from serve_harness import Server  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 CHATS = [[{"role": "user", "content": "Write a haiku about the sea."}],
