@@ -7,6 +7,7 @@ import pytest
 
 from dspine_engine import Engine, KVCacheFullError, SamplingParams
 from dspine_engine.models.config import ModelConfigError
+from engine_rounds import pools_whole
 
 PROMPTS = ["Name three fruits.", "Write a short poem about rain.",
            "What is 12 times 11? Explain step by step.", "Hello!"]
@@ -138,6 +139,7 @@ def test_kv_pool_exhaustion_queues_then_serves(tiny_llama):
         assert eng.target_kv.pool.free_pages >= 0
     assert peak == 2 and sorted(done) == sorted(ids)
     assert all(o.finish_reason == "length" for o in done.values())
+    assert pools_whole(eng)  # every page and reservation came back
 
 
 def test_model_loading_errors(tmp_path, tiny_llama):

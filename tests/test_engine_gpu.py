@@ -15,6 +15,7 @@ import torch
 
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
+from engine_rounds import pools_whole, prepared, running_after_rounds
 from random_drafts import write_random_draft
 
 pytestmark = pytest.mark.gpu
@@ -69,28 +70,6 @@ def ar_engine(smollm2_dir):
             os.environ["DSPINE_ATTN_SPLITS"] = old
 
 
-def _running_after_rounds(engine, prompts, rounds: int):
-    for p in prompts:
-        engine.add_request(p, SamplingParams(max_tokens=96, ignore_eos=True))
-    engine.step()  # prefill
-    for _ in range(rounds):
-        engine.step()
-    return list(engine.scheduler.running)
-
-
-def _abort_all(engine, seqs):
-    for s in seqs:
-        engine.abort(s.request_id)
-    engine.step()
-
-
-def _prepared(engine, seqs):
-    """Stages one round (pages from the scheduler, inputs into the runner's buffers)."""
-    seats = engine.scheduler.prepare_round(seqs)
-    engine.runner.prepare_round(seqs, seats)
-    return seats
-
-
 def _draft_outputs(runner, b):
     inp = runner.inputs
     return [t[:b].clone() for t in (inp.drafts, inp.cand_ids, inp.cand_probs)]
@@ -103,10 +82,12 @@ def test_graph_replay_matches_eager(one_split_engine, real_prompts, batch, monke
     monkeypatch.setenv("DSPINE_ATTN_SPLITS", "1")
     eng, runner = one_split_engine, one_split_engine.runner
     assert runner.graphs is not None and runner.graphs.fits(batch)
-    seqs = _running_after_rounds(eng, (real_prompts * 2)[:batch], rounds=2)
-    assert len(seqs) == batch
-    try:
-        seats = _prepared(eng, seqs)
+    with running_after_rounds(eng, (real_prompts * 2)[:batch], rounds=2) as seqs:
+        assert len(seqs) == batch
+        seats = prepared(eng, seqs)
+        # The draft reads the previous round's taps, which the verify then replaces with this
+        # round's: the eager pass must start from the taps the graph pass started from.
+        taps_before = runner._taps.clone()
         graphs = runner.graphs
         runner.propose()
         got = _draft_outputs(runner, batch)
@@ -114,6 +95,7 @@ def test_graph_replay_matches_eager(one_split_engine, real_prompts, batch, monke
         taps_g = runner._taps[seats].clone()
         runner.graphs = None  # the eager bodies, on the very same staged inputs
         try:
+            runner._taps.copy_(taps_before)
             runner.propose()
             want = _draft_outputs(runner, batch)
             runner.inputs.drafts[:batch].copy_(got[0])  # verify the same drafts
@@ -129,8 +111,7 @@ def test_graph_replay_matches_eager(one_split_engine, real_prompts, batch, monke
         torch.testing.assert_close(got[2][same], want[2][same], atol=2e-2, rtol=0)
         torch.testing.assert_close(logits_g.float(), logits_e.float(), atol=0.15, rtol=0.02)
         torch.testing.assert_close(taps_g.float(), taps_e.float(), atol=0.15, rtol=0.02)
-    finally:
-        _abort_all(eng, seqs)
+    assert pools_whole(eng)
 
 
 @pytest.mark.parametrize("batch", [300, 512])
@@ -140,10 +121,9 @@ def test_autoregressive_graphs_up_to_512(ar_engine, real_prompts, batch, monkeyp
     monkeypatch.setenv("DSPINE_ATTN_SPLITS", "1")
     eng, runner = ar_engine, ar_engine.runner
     assert runner.graphs is not None and runner.graphs.sizes[-1] == 512
-    seqs = _running_after_rounds(eng, (real_prompts * 26)[:batch], rounds=3)
-    assert len(seqs) == batch
-    try:
-        _prepared(eng, seqs)
+    with running_after_rounds(eng, (real_prompts * 26)[:batch], rounds=3) as seqs:
+        assert len(seqs) == batch
+        prepared(eng, seqs)
         graphs = runner.graphs
         logits_g = runner.verify().clone()
         runner.graphs = None
@@ -155,16 +135,16 @@ def test_autoregressive_graphs_up_to_512(ar_engine, real_prompts, batch, monkeyp
         torch.testing.assert_close(logits_g.float(), logits_e.float(), atol=0.15, rtol=0.02)
         agree = (logits_g.argmax(-1) == logits_e.argmax(-1)).float().mean().item()
         assert agree >= 0.97
-    finally:
-        _abort_all(eng, seqs)
+    assert pools_whole(eng)
 
 
 def test_autoregressive_batch_512_completes(ar_engine, real_prompts):
     """512 requests, token ids only (the data generator): all complete, pools come back."""
+    assert not ar_engine.has_unfinished(), "an earlier test left requests in the engine"
     params = SamplingParams(max_tokens=32, ignore_eos=True, detokenize=False)
     res = ar_engine.generate((real_prompts * 26)[:512], params)
     assert all(r.finish_reason == "length" and len(r.token_ids) == 32 for r in res)
-    assert ar_engine.target_kv.pool.available == ar_engine.target_kv.pool.num_pages
+    assert pools_whole(ar_engine)
 
 
 @pytest.mark.parametrize("batch", [1, 8, 32])
@@ -172,16 +152,13 @@ def test_drafts_survive_the_verify_replay(spec_engine, real_prompts, batch):
     """A round reads its drafts (and candidates) after the verify replay; all graphs share one
     memory pool, so the draft outputs must not live where the verify graph writes."""
     eng, runner = spec_engine, spec_engine.runner
-    seqs = _running_after_rounds(eng, (real_prompts * 2)[:batch], rounds=1)
-    try:
-        _prepared(eng, seqs)
+    with running_after_rounds(eng, (real_prompts * 2)[:batch], rounds=1) as seqs:
+        prepared(eng, seqs)
         runner.propose()
         kept = _draft_outputs(runner, batch)
         runner.verify()
         for now, before in zip(_draft_outputs(runner, batch), kept):
             assert torch.equal(now, before)
-    finally:
-        _abort_all(eng, seqs)
 
 
 def test_greedy_lossless_on_gpu(spec_engine, smollm2_dir, real_prompts):
@@ -193,5 +170,4 @@ def test_greedy_lossless_on_gpu(spec_engine, smollm2_dir, real_prompts):
     assert [r.token_ids for r in batched] == reference
     one_by_one = [spec_engine.generate(p, params)[0].token_ids for p in real_prompts[:8]]
     assert one_by_one == reference[:8]
-    for kv in (spec_engine.target_kv, spec_engine.draft_kv):
-        assert kv.pool.available == kv.pool.num_pages
+    assert pools_whole(spec_engine)

@@ -1,0 +1,44 @@
+"""Helpers of the tests that stage an engine round by hand (test_engine_gpu.py, and
+test_engine_rounds.py, which checks the same harness on the CPU in CI)."""
+from __future__ import annotations
+
+import contextlib
+
+from dspine_engine import SamplingParams
+
+
+@contextlib.contextmanager
+def running_after_rounds(engine, prompts, rounds: int, max_tokens: int = 96):
+    """Queues the prompts, steps until every one is prefilled (a prefill step takes at most
+    max_prefill_tokens prompt tokens, so many prompts need several steps), runs ``rounds``
+    rounds and yields the running sequences. On exit every request it queued is aborted, also
+    when the body failed, so a shared engine is idle again for the next test."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    try:
+        for _ in range(len(ids)):  # each prefill step admits at least one request
+            if not engine.scheduler.waiting:
+                break
+            engine.step()
+        assert not engine.scheduler.waiting, "requests still wait for admission"
+        for _ in range(rounds):
+            engine.step()
+        yield list(engine.scheduler.running)
+    finally:
+        for rid in ids:
+            engine.abort(rid)
+        engine.step()  # hands out the aborted requests' final outputs
+
+
+def prepared(engine, seqs):
+    """Stages one round (pages from the scheduler, inputs into the runner's buffers); returns
+    the seats."""
+    seats = engine.scheduler.prepare_round(seqs)
+    engine.runner.prepare_round(seqs, seats)
+    return seats
+
+
+def pools_whole(engine) -> bool:
+    """Every page of every KV pool is free and unpromised (nothing leaked)."""
+    return all(c.pool.available == c.pool.free_pages == c.pool.num_pages
+               for c in engine.cache.caches)

@@ -1,0 +1,88 @@
+"""The harness of the GPU tests (engine_rounds.py) on the CPU, so CI guards what they assume:
+many prompts take several prefill steps (each within max_prefill_tokens) and are all running
+afterwards; leaving the harness, also by a failure, aborts every request it queued and every
+page comes back; a staged round can be run twice and gives the same result when the draft
+starts from the same taps (what the GPU test's graph-vs-eager comparison relies on)."""
+import numpy as np
+import pytest
+import torch
+
+from dspine_engine import Engine, SamplingParams
+from engine_rounds import pools_whole, prepared, running_after_rounds
+from random_drafts import write_tiny_random_draft
+
+PROMPTS = [f"request {i}: " + "word " * (i % 7) for i in range(12)]
+BUDGET = 96  # prompt tokens per prefill step: two or three prompts
+
+
+def _prefill_batches(lens: list[int], budget: int) -> list[int]:
+    """How many prompts each prefill step admits (FIFO; a step takes prompts while they fit
+    the budget, and always at least one)."""
+    sizes, tokens = [], None
+    for n in lens:
+        if tokens is None or tokens + n > budget:
+            sizes.append(0)
+            tokens = 0
+        sizes[-1] += 1
+        tokens += n
+    return sizes
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    return Engine(tiny_llama, progress=False, max_num_seqs=24, max_prefill_tokens=BUDGET,
+                  kv_cache_tokens=16 * 100)
+
+
+def test_prompts_over_several_prefill_steps_all_run(engine):
+    lens = [len(engine.encode_prompt(p)) for p in PROMPTS]
+    batches = _prefill_batches(lens, BUDGET)
+    assert len(batches) > 3  # the case the GPU tests met: one step does not prefill them all
+    ids = [engine.add_request(p, SamplingParams(max_tokens=8)) for p in PROMPTS]
+    running = []
+    for _ in batches:
+        engine.step()
+        running.append(len(engine.scheduler.running))
+    assert running == np.cumsum(batches).tolist()
+    for rid in ids:
+        engine.abort(rid)
+    engine.step()
+    assert pools_whole(engine) and not engine.has_unfinished()
+    with running_after_rounds(engine, PROMPTS, rounds=2, max_tokens=8) as seqs:
+        assert len(seqs) == len(PROMPTS)
+        engine.cache.check_invariants(seqs)
+        assert all(len(s.output_ids) == 3 for s in seqs)  # the prefill's token + two rounds
+    assert pools_whole(engine) and not engine.has_unfinished()
+
+
+def test_leaving_the_harness_by_a_failure_aborts_everything(engine):
+    """A failing body, or requests that cannot all be admitted (each reserves more than a
+    quarter of the pool): the engine is left idle with every page back."""
+    with pytest.raises(RuntimeError, match="body failed"):
+        with running_after_rounds(engine, PROMPTS, rounds=1, max_tokens=8):
+            raise RuntimeError("body failed")
+    assert pools_whole(engine) and not engine.has_unfinished()
+    with pytest.raises(AssertionError, match="requests still wait"):
+        with running_after_rounds(engine, PROMPTS[:8], rounds=1, max_tokens=300):
+            pass
+    assert pools_whole(engine) and not engine.has_unfinished()
+
+
+def test_a_staged_round_runs_twice_the_same(tiny_llama, tmp_path):
+    draft = write_tiny_random_draft(tmp_path / "draft", seed=4)
+    eng = Engine(tiny_llama, draft=draft, progress=False, max_num_seqs=4, page_size=4)
+    runner = eng.runner
+    with running_after_rounds(eng, PROMPTS[:3], rounds=2, max_tokens=40) as seqs:
+        seats = prepared(eng, seqs)
+        taps_before = runner._taps.clone()
+        runs = []
+        for _ in range(2):
+            runner._taps.copy_(taps_before)  # the verify replaces them with this round's
+            runner.propose()
+            inp = runner.inputs
+            drafts = [t[:3].clone() for t in (inp.drafts, inp.cand_ids, inp.cand_probs)]
+            runs.append(drafts + [runner.verify().clone(), runner._taps[seats].clone()])
+        assert not torch.equal(runner._taps, taps_before)
+        for first, second in zip(*runs):
+            assert torch.equal(first, second)
+    assert pools_whole(eng)
