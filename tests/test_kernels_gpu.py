@@ -222,9 +222,12 @@ def test_paged_attention_wide_block_table(case, dtype):
     _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
     dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, dtype, DEV, seed=3,
                                           causal=causal, window=window)
-    width = 8208 // ps + 1  # SmolLM2's 8192 positions + a block, as the engine's graphs size it
-    pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[1]))  # noqa: E731
-    dev_args = dev_args[:3] + (pad(dev_args[3]),) + dev_args[4:]
+    # SmolLM2's 8192 positions + a block, as the engine's graphs size it; never narrower than
+    # the table (a negative pad would cut the 12K case's table and drop keys).
+    tables = dev_args[3]
+    width = max(8208 // ps + 1, tables.shape[1])
+    tables = torch.nn.functional.pad(tables, (0, width - tables.shape[1]), value=-1)
+    dev_args = dev_args[:3] + (tables,) + dev_args[4:]
     scale = 1 / math.sqrt(d)
     got = ops.paged_attention(*dev_args, causal, window, scale)
     q, kc, vc, *meta = ref_args
