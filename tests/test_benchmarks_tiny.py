@@ -28,8 +28,8 @@ def test_step_table_tiny(tmp_path, capsys):
         for key in TIMES:
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
         assert row["kv_bytes"] > 0
-        # The round contains the draft, the verify and the block verify.
-        assert row["round_ms"] >= 0.5 * (row["draft_ms"] + row["verify_ms"])
+    # No relation between the timings is asserted: one iteration on a shared 2-core machine
+    # swings by seconds (a round measured faster than its draft alone under load).
     table = capsys.readouterr().out
     assert "| batch | context |" in table and str(path) in table
 
