@@ -12,7 +12,14 @@ import os
 import shutil
 
 from setuptools import setup
-from torch.utils import cpp_extension as ce
+
+try:
+    from torch.utils import cpp_extension as ce
+except ImportError:  # pip's isolated build env: it would fetch a multi-GB torch we must not build against
+    raise SystemExit(
+        "dspine-engine compiles its kernels against the torch installed in your environment, "
+        "so it must not be built in an isolated environment. Install torch first, then:\n"
+        "    pip install --no-build-isolation -e .") from None
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 

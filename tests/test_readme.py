@@ -19,3 +19,18 @@ def test_readme_has_exactly_two_setup_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert _commands()[1] in ci.splitlines()
+
+
+def test_an_isolated_build_stops_at_once_with_the_command_to_type(tmp_path):
+    """`pip install -e .` as people type it builds in an isolated environment without our torch:
+    setup.py must stop there with the instruction, not fetch and build against another torch."""
+    import subprocess
+    import sys
+
+    hide_torch = "import sys; sys.modules['torch'] = None; sys.argv = ['setup.py', '--version']; "
+    run = subprocess.run([sys.executable, "-c", hide_torch + "exec(open('setup.py').read())"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "pip install --no-build-isolation -e ." in run.stderr
+    build_requires = (ROOT / "pyproject.toml").read_text().split("[project]")[0]
+    assert '"torch' not in build_requires
