@@ -138,7 +138,11 @@ def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len:
     sits at position ``p = kv_lens[b] - n_b + i``. Query p sees key k iff
     ``k <= p`` (causal) or ``k < kv_lens[b]`` (bidirectional block), and, when ``window > 0``,
     ``p - k < window``. Head h reads KV head ``h // (Hq / Hkv)``. ``max_q_len`` bounds n_b (the
-    CUDA launch uses it, so no host sync is needed). A query that sees no key outputs zeros."""
+    CUDA launch uses it, so no host sync is needed). A query that sees no key outputs zeros.
+    ``block_tables [B, max_pages]`` must give every key a query sees a page (so ``max_pages >=
+    ceil(kv_lens[b] / page_size)``); -1 is allowed only for pages no query sees (outside the
+    window). Not checked on CUDA (kv_lens live on the device): there such a key reads as a zero
+    key, which still takes softmax weight, so the output is wrong without an error."""
     return _ops.paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
                                 causal, window, scale)
 

@@ -58,6 +58,34 @@ def attention_inputs(q_lens, kv_lens, q_heads, kv_heads, head_dim, page_size, dt
     return kernel_args, ref_args
 
 
+def graph_table_width(kv_lens, page_size):
+    """Pages per block-table row as the engine's graphs capture them: the model's context plus a
+    block (SmolLM2's 8192 positions; a 32k model's for cases longer than that)."""
+    context = 8192 if max(kv_lens) <= 8192 else 32768
+    return (context + 16) // page_size + 1
+
+
+def with_table_width(kernel_args, ref_args, width):
+    """Both argument tuples of attention_inputs with block tables exactly ``width`` pages wide.
+
+    Added columns point at a page that is all NaN, so a kernel reading past kv_len fails. Only
+    unused (-1) columns may be cut: a table narrower than its sequences' pages is a different
+    input, not a wider one (the kernel reads keys without a page as zeros), which is how a
+    negative F.pad once cut a 12000-key case to 8224 keys without a word (issue 12)."""
+    tables, k_cache = ref_args[3], kernel_args[1]
+    if width < tables.shape[1]:
+        if (tables[:, width:] >= 0).any():
+            raise ValueError(f"a table {width} pages wide cannot hold these sequences' pages")
+        tables = tables[:, :width]
+    used = set(tables.flatten().tolist())
+    nan_page = next(p for p in range(k_cache.shape[0]) if p not in used)
+    assert torch.isnan(k_cache[nan_page].float()).all()
+    tables = torch.nn.functional.pad(tables, (0, width - tables.shape[1]), value=nan_page)
+    dev_tables = tables.to(kernel_args[3].device)
+    return (kernel_args[:3] + (dev_tables,) + kernel_args[4:],
+            ref_args[:3] + (tables,) + ref_args[4:])
+
+
 def rel_err_fp32(got, ref):
     """Relative error of a device result against an fp32 reference; NaN/inf never pass."""
     got, ref = got.detach().double().cpu(), ref.detach().double().cpu()

@@ -11,8 +11,9 @@ import torch
 
 from dspine_engine import _C, ops
 from kernel_cases import verify_case, walk_case
-from kernel_cases_gpu import (attention_inputs, check_verify_invariants, rel_err_fp32,
-                              same_up_to_boundary, verify_equal, walk_equal)
+from kernel_cases_gpu import (attention_inputs, check_verify_invariants, graph_table_width,
+                              rel_err_fp32, same_up_to_boundary, verify_equal, walk_equal,
+                              with_table_width)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -181,10 +182,12 @@ ATTN_CASES = [
 ATTN_IDS = [c[0] for c in ATTN_CASES]
 
 
-def _run_attention(case, dtype, seed, q_row_pad=0):
+def _run_attention(case, dtype, seed, q_row_pad=0, table_width=None):
     _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
     dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, dtype, DEV, seed, causal=causal,
                                           window=window, q_row_pad=q_row_pad)
+    if table_width is not None:
+        dev_args, ref_args = with_table_width(dev_args, ref_args, table_width)
     scale = 1 / math.sqrt(d)
     got = ops.paged_attention(*dev_args, causal, window, scale)
     q, kc, vc, *meta = ref_args
@@ -219,19 +222,30 @@ def test_paged_attention_fp32(case):
 def test_paged_attention_wide_block_table(case, dtype):
     """Block tables as wide as the longest context (what CUDA graphs capture) make the split
     heuristic pick many splits for short sequences, most of them with no key tile at all."""
-    _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
-    dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, dtype, DEV, seed=3,
-                                          causal=causal, window=window)
-    # SmolLM2's 8192 positions + a block, as the engine's graphs size it; never narrower than
-    # the table (a negative pad would cut the 12K case's table and drop keys).
-    tables = dev_args[3]
-    width = max(8208 // ps + 1, tables.shape[1])
-    tables = torch.nn.functional.pad(tables, (0, width - tables.shape[1]), value=-1)
-    dev_args = dev_args[:3] + (tables,) + dev_args[4:]
-    scale = 1 / math.sqrt(d)
-    got = ops.paged_attention(*dev_args, causal, window, scale)
-    q, kc, vc, *meta = ref_args
-    ref = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, causal, window, scale)
+    width = graph_table_width(case[2], case[6])
+    got, ref = _run_attention(case, dtype, seed=3, table_width=width)
+    assert rel_err_fp32(got, ref) < TOL[dtype]
+
+
+# Contexts that fill their block table to the last column, which has no spare column after it
+# (8224 = 514 pages of 16 = a SmolLM2 graph's table width), or put one key on the last page.
+TABLE_EDGE_CASES = [
+    ("verify16_gqa3_hd64_fills", [16], [8224], 9, 3, 64, 16, True, 0),
+    ("verify16_gqa3_hd64_last_key", [16], [8209], 9, 3, 64, 16, True, 0),
+    ("draft16_gqa3_hd64_fills", [16, 16], [8224, 40], 9, 3, 64, 16, False, 0),
+    ("decode_mha_page8_fills", [1, 1], [8216, 8], 4, 4, 64, 8, True, 0),
+    ("verify16_gqa4_hd128_fills", [16], [8224], 8, 2, 128, 16, True, 0),
+    ("verify16_window_hd256_fills", [16], [8224], 6, 1, 256, 16, True, 8192),
+]
+
+
+@pytest.mark.parametrize("splits", ["0", "1", "128"])  # 0: the heuristic's count
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", TABLE_EDGE_CASES, ids=[c[0] for c in TABLE_EDGE_CASES])
+def test_paged_attention_context_fills_block_table(case, dtype, splits, monkeypatch):
+    monkeypatch.setenv("DSPINE_ATTN_SPLITS", splits)
+    width = math.ceil(max(case[2]) / case[6])
+    got, ref = _run_attention(case, dtype, seed=5, table_width=width)
     assert rel_err_fp32(got, ref) < TOL[dtype]
 
 

@@ -65,7 +65,10 @@ __device__ __forceinline__ int page_shift_of(int page_size) {
 }
 
 // Element offset of key position kp of kv head kvh in the [pages, page_size, kv_heads, d] cache,
-// or -1 when the block table has no valid page there (freed, or past the table / pool).
+// or -1 when the block table has no valid page there (freed, or past the table / pool). The
+// caller zero-fills such a key and never reads memory for it; inside a row's visible range that
+// is a caller error (a table narrower than kv_len) the kernel cannot report without a host sync,
+// and the zero key still gets softmax weight (issue 12: a wrong result, silent under memcheck).
 __device__ __forceinline__ int64_t kv_offset(const int32_t* table, int kp, const PagedAttentionParams& p,
                                              int page_shift, int kvh, int d) {
   const int page_idx = page_shift >= 0 ? kp >> page_shift : kp / p.page_size;
