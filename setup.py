@@ -5,6 +5,9 @@ Environment switches (all optional):
                          torch is a CUDA build and nvcc is found.
   DSPINE_CUDA_ARCHS      e.g. "80;90a" (default). Each entry becomes -gencode for that sm.
   DSPINE_PORTABLE=1      build the CPU kernels without -march=native (for redistributable wheels).
+  DSPINE_SANITIZE=address  build the C++ (not the CUDA) code with AddressSanitizer: run Python
+                         with LD_PRELOAD=$(c++ -print-file-name=libasan.so) and
+                         ASAN_OPTIONS=detect_leaks=0 (Python is not instrumented).
   MAX_JOBS               parallel compile jobs (torch's ninja builder reads it).
 """
 import glob
@@ -59,8 +62,13 @@ def _gencode():
 
 def extensions():
     cxx = ["-O3", "-std=c++17", "-fopenmp"]
+    link = ["-fopenmp"]
     if not _flag("DSPINE_PORTABLE"):
         cxx.append("-march=native")
+    sanitize = os.environ.get("DSPINE_SANITIZE")
+    if sanitize:
+        cxx += [f"-fsanitize={sanitize}", "-fno-omit-frame-pointer", "-g"]
+        link.append(f"-fsanitize={sanitize}")
     sources = sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
     include_dirs = [os.path.join(ROOT, "csrc")]
     if _want_cuda():
@@ -74,11 +82,11 @@ def extensions():
             sources + sorted(glob.glob("csrc/cuda/*.cu")),
             include_dirs=include_dirs + cutlass,
             extra_compile_args={"cxx": cxx + ["-DDSPINE_WITH_CUDA"], "nvcc": nvcc},
-            extra_link_args=["-fopenmp"],
+            extra_link_args=link,
         )]
     return [ce.CppExtension(
         "dspine_engine._C", sources, include_dirs=include_dirs,
-        extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"],
+        extra_compile_args={"cxx": cxx}, extra_link_args=link,
     )]
 
 

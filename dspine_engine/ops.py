@@ -359,7 +359,7 @@ _QUANT_ISAS = ("scalar", "avx2", "avx512")
 
 
 def quant_matmul(x: torch.Tensor, weight: torch.Tensor, format: str,
-                 out_features: int) -> torch.Tensor:
+                 out_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """``x [..., K] @ W^T`` for fp32 x and a packed quantised weight ``W [out_features, K]``.
 
     ``weight`` is uint8 ``[ceil(out_features/16), K/32, tile_bytes]``: GGUF blocks (q8_0:
@@ -369,15 +369,20 @@ def quant_matmul(x: torch.Tensor, weight: torch.Tensor, format: str,
     sums ``isum`` and fp32 multiplies and adds in exactly this order (no FMA):
     ``acc = 0; for each block b: acc = acc + ((d_w * d_x) * isum + m_w * s_x)`` (q8_0 without
     the ``m_w`` term). Every row's result is therefore bitwise independent of the other rows and
-    of the instruction set. CPU only."""
+    of the instruction set. CPU only. ``out``: a contiguous fp32 ``[..., out_features]`` tensor
+    to write into (returned) instead of a new one."""
+    if out is not None:
+        return _ops.quant_matmul.out(x, weight, format, out_features, out=out)
     return _ops.quant_matmul(x, weight, format, out_features)
 
 
 def quant_embedding(ids: torch.Tensor, weight: torch.Tensor, format: str,
-                    num_rows: int) -> torch.Tensor:
+                    num_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantised rows ``ids`` (int64, any shape) of a packed table of ``num_rows`` rows:
     ``[*ids.shape, K]`` fp32 with ``d*q`` (q8_0) or ``d*q + m`` (q4_1, rounded after the
-    multiply). CPU only."""
+    multiply). CPU only. ``out``: a contiguous fp32 tensor of that shape to write into."""
+    if out is not None:
+        return _ops.quant_embedding.out(ids, weight, format, num_rows, out=out)
     return _ops.quant_embedding(ids, weight, format, num_rows)
 
 

@@ -12,6 +12,7 @@ import torch
 from dspine_engine import ops
 from dspine_engine.models.quant_dense import (FORMATS, pack_gguf_blocks, quant_weight_from_blocks,
                                               quantize_blocks, quantize_weight)
+from guarded_memory import Guarded
 
 ISAS = ops._QUANT_ISAS[: ops._QUANT_ISAS.index(ops.quant_isa()) + 1]
 
@@ -28,10 +29,20 @@ def random_weight(fmt, rows, cols, seed=0):
     return quantize_weight(torch.randn(rows, cols, generator=g) * 0.1, fmt)
 
 
+@pytest.fixture(params=[1, 4], ids=["1thread", "4threads"])
+def threads(request):
+    """The chunk pool with no helper, and with helpers beyond this machine's cores (CI has 2),
+    so that helpers lose their cores mid-call as on a loaded host."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 def poisoned_matmul(x, qw):
-    # Leave NaN in freshly freed memory of the output's size first, so unwritten outputs show.
-    torch.full((x.shape[0], qw.rows), float("nan"))
-    return qw(x)
+    """qw(x) written into NaN, so that an output the kernel leaves unwritten shows."""
+    return ops.quant_matmul(x, qw.data, qw.format, qw.rows,
+                            out=torch.full((x.shape[0], qw.rows), float("nan")))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -44,6 +55,42 @@ def test_matmul_matches_reference_bitwise(fmt, m, rows, cols, isa):
     ref = ops.quant_matmul_ref(x, qw.data, fmt, rows)
     assert torch.isfinite(ref).all()
     assert torch.equal(y, ref)
+
+
+# Every tail of the tile kernels: row groups of 1-4 rows and a remainder, full 16-output tiles and
+# padded last tiles (1 and 15 outputs), one block along k and several; the last shape has enough
+# blocks (33 rows x 32) for the activations to be quantised by several threads.
+BOUNDS_SHAPES = [(1, 16, 32), (2, 17, 32), (3, 31, 96), (4, 48, 64), (5, 33, 32), (7, 47, 96),
+                 (33, 17, 1024)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("at_end", [True, False], ids=["guard_after", "guard_before"])
+def test_matmul_stays_inside_its_buffers(fmt, at_end, isa, threads):
+    """x, the weight and the output flush against inaccessible pages: a kernel that reads or
+    writes past an end faults right there instead of corrupting the heap for a later test."""
+    for m, n, k in BOUNDS_SHAPES:
+        qw = random_weight(fmt, n, k, seed=m)
+        x = torch.randn(m, k)
+        xg, wg = Guarded(x, at_end), Guarded(qw.data, at_end)
+        out = Guarded(torch.full((m, n), float("nan")), at_end)
+        y = ops.quant_matmul(xg.tensor, wg.tensor, fmt, n, out=out.tensor)
+        assert y.data_ptr() == out.tensor.data_ptr()
+        assert torch.equal(y, ops.quant_matmul_ref(x, qw.data, fmt, n)), (m, n, k)
+        assert xg.margins_intact() and wg.margins_intact() and out.margins_intact(), (m, n, k)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("at_end", [True, False], ids=["guard_after", "guard_before"])
+def test_embedding_stays_inside_its_buffers(fmt, at_end):
+    qw = random_weight(fmt, 33, 64, seed=7)
+    ids = torch.tensor([[0, 32, 15], [16, 31, 1]])  # first and last rows, both sides of tiles
+    ig, wg = Guarded(ids, at_end), Guarded(qw.data, at_end)
+    out = Guarded(torch.full((2, 3, 64), float("nan")), at_end)
+    rows = ops.quant_embedding(ig.tensor, wg.tensor, fmt, 33, out=out.tensor)
+    assert rows.data_ptr() == out.tensor.data_ptr()
+    assert torch.equal(rows, ops.quant_embedding_ref(ids, qw.data, fmt, 33))
+    assert ig.margins_intact() and wg.margins_intact() and out.margins_intact()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -139,6 +186,12 @@ def test_bad_arguments_are_clear_errors(monkeypatch):
         pack_gguf_blocks(np.zeros((4, 30), np.uint8), "q4_1")
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_weight(torch.randn(4, 40), "q8_0")
+    x = torch.randn(2, 64)
+    for out in (torch.empty(2, 33), torch.empty(2, 32, dtype=torch.float64), torch.empty(32, 2).T):
+        with pytest.raises(RuntimeError, match="out must be a contiguous fp32"):
+            ops.quant_matmul(x, qw.data, "q4_1", 32, out=out)
+    with pytest.raises(RuntimeError, match="out must be a contiguous fp32"):
+        ops.quant_embedding(torch.tensor([1]), qw.data, "q4_1", 32, out=torch.empty(2, 64))
     monkeypatch.setenv("DSPINE_CPU_ISA", "sse9")
     with pytest.raises(RuntimeError, match="DSPINE_CPU_ISA"):
         qw(torch.randn(1, 64))

@@ -347,13 +347,19 @@ void run_tiles(Isa isa, Format f, const uint8_t* w, int64_t g0, int64_t g1, cons
   }
 }
 
+// Every feature named in a kernel's target attribute must be present (the AVX-512 kernels are
+// compiled with AVX2/FMA/F16C too, and the AVX2 kernels convert fp16 scales with F16C), or the
+// kernel could meet an instruction the CPU lacks. __builtin_cpu_supports also checks that the
+// OS saves the wider registers.
 Isa detect_isa() {
 #if defined(__GNUC__) || defined(__clang__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
     return Isa::kAvx512Vnni;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+  if (avx2) return Isa::kAvx2;
 #endif
   return Isa::kScalar;
 }
