@@ -1,15 +1,16 @@
 """The engine loop: one background thread owns the Engine and drives its `step()`.
 
 A step is a long blocking torch call (tens of milliseconds on the CPU); run on the event loop
-it would stall every connection, so it runs here, and every engine call (add, abort, step)
-happens on this one thread: the engine needs no locks. The event loop talks to the thread
-through a FIFO command queue, and the thread hands outputs back with `call_soon_threadsafe`,
-one batch per step. Requests join and leave between steps (continuous batching is the
-engine's: each step admits what fits and runs one round over everything running).
+it would stall every connection, so it runs here, and every engine call (submit, abort, step)
+happens on this one thread: the server puts no locks around the engine. The event loop talks
+to the thread through a FIFO command queue. Requests join and leave between steps (continuous
+batching is the engine's: each step admits what fits and runs one round over everything
+running).
 
-Output routing: today's step API returns every request's deltas from `step()`, and `_route`
-sends each to its `RequestStream` by request id. When the engine's own loop driver lands
-(issue 10, per-request handles), `_route` reads the handles instead and this id routing goes.
+Output routing is the engine's: each request is an `Engine.submit` handle, and the engine's
+loop driver puts every output of a step into the handle of the request it belongs to. After
+each step the thread takes what each open handle received (one merged output per request) and
+hands it to the request's `RequestStream` on the event loop with `call_soon_threadsafe`.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..engine.engine import Engine, EngineStats
+from ..engine.handles import RequestHandle
 from ..engine.outputs import RequestOutput
 from ..engine.sampling import SamplingParams
 
@@ -58,15 +60,17 @@ class LoopSnapshot:
 
 
 class RequestStream:
-    """One request's outputs, on the event loop, in order; the last has ``finished=True``."""
+    """One request's outputs on the event loop, in order; the last has ``finished=True``.
+    Fed from the request's engine handle by the engine thread (which alone touches the
+    handle)."""
 
-    def __init__(self, owner: "EngineLoop", request_id: str,
+    def __init__(self, owner: "EngineLoop",
                  on_finished: Callable[[RequestOutput], None] | None = None):
         self._owner = owner
-        self.request_id = request_id
         self._on_finished = on_finished  # called once with the finished output, read or not
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.final: RequestOutput | None = None  # set once the finished output has arrived
+        self.handle: RequestHandle | None = None  # engine thread only: set when accepted
 
     @property
     def finished(self) -> bool:
@@ -89,11 +93,11 @@ class RequestStream:
     def abort(self) -> None:
         """Stops the request (its pages go back before the next step); idempotent."""
         if not self.finished:
-            self._owner.abort(self.request_id)
+            self._owner._send(("abort", self))
 
 
 @dataclass
-class _Add:
+class _Submit:
     request_id: str
     prompt: object
     params: SamplingParams
@@ -109,7 +113,9 @@ class EngineLoop:
         self.snapshot = LoopSnapshot()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, RequestStream] = {}  # unfinished requests (engine thread only)
+        # Accepted requests whose final output has not been handed on yet (engine thread
+        # only). Each stream holds its engine handle: the engine says what is whose.
+        self._open: list[RequestStream] = []
         self._stopping = False
         self._failed: str | None = None
         self._aio: asyncio.AbstractEventLoop | None = None
@@ -130,22 +136,19 @@ class EngineLoop:
                      chat: bool | None,
                      on_finished: Callable[[RequestOutput], None] | None = None
                      ) -> RequestStream:
-        """Queues a request. Raises what `Engine.add_request` raises (ValueError,
-        KVCacheFullError), QueueFullError or ShuttingDownError; nothing else is affected.
-        ``on_finished`` runs on the event loop with the request's finished output, whether
-        anyone reads the stream or not (metrics count aborted requests too)."""
-        stream = RequestStream(self, request_id, on_finished)
+        """Queues a request. Raises what `Engine.submit` raises (ValueError, KVCacheFullError),
+        QueueFullError or ShuttingDownError; nothing else is affected. ``on_finished`` runs on
+        the event loop with the request's finished output, whether anyone reads the stream or
+        not (metrics count aborted requests too)."""
+        stream = RequestStream(self, on_finished)
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._send(_Add(request_id, prompt, params, chat, stream, done))
+        self._send(_Submit(request_id, prompt, params, chat, stream, done))
         try:
             await asyncio.wrap_future(done)
         except asyncio.CancelledError:  # the client left while the request was being queued
-            self.abort(request_id)  # a no-op unless the add went through after all
+            stream.abort()  # a no-op unless the submit went through after all
             raise
         return stream
-
-    def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
 
     def stop(self, timeout: float | None = None) -> None:
         """Aborts whatever is still in flight, lets the engine report it, ends the thread."""
@@ -163,11 +166,15 @@ class EngineLoop:
             while True:
                 self._wake.clear()  # before draining, so a command sent later wakes the wait
                 self._drain_commands()
-                if self.engine.has_unfinished():
-                    self._step()
-                elif self._stopping:
-                    return
-                else:
+                stepped = self.engine.has_unfinished()
+                if stepped:
+                    self.engine.step()  # submitted requests' outputs go to their handles
+                    self.snapshot.steps += 1
+                self._forward()  # also the final outputs of requests aborted just now
+                self._take_snapshot()
+                if not stepped:
+                    if self._stopping:
+                        return
                     self._wake.wait()
         except BaseException as e:  # a bug here must not leave requests waiting forever
             self._failed = f"{type(e).__name__}: {e}"
@@ -176,57 +183,51 @@ class EngineLoop:
             raise
 
     def _drain_commands(self) -> None:
-        handled = False
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                break
-            handled = True
-            if isinstance(command, _Add):
-                self._add(command)
+                return
+            if isinstance(command, _Submit):
+                self._submit(command)
             elif command[0] == "abort":
-                self.engine.abort(command[1])
+                handle = command[1].handle
+                if handle is not None:  # None: the submit was refused or never ran
+                    handle.abort()
             elif command[0] == "stop":
                 self._stopping = True
-                for rid in list(self._streams):
-                    self.engine.abort(rid)
-        if handled:
-            self._take_snapshot()
+                for stream in self._open:
+                    stream.handle.abort()
 
-    def _add(self, c: _Add) -> None:
+    def _submit(self, c: _Submit) -> None:
         if not c.done.set_running_or_notify_cancel():
             return  # the client left before the request reached the engine
         try:
             if self._stopping:
                 raise ShuttingDownError("the server is shutting down and takes no new requests")
-            if len(self._streams) >= self.capacity:
+            if len(self._open) >= self.capacity:
                 raise QueueFullError(
-                    f"the server is at capacity ({len(self._streams)} requests in flight: "
+                    f"the server is at capacity ({len(self._open)} requests in flight: "
                     f"{self.engine.scheduler.max_num_seqs} running seats + "
                     f"{self.capacity - self.engine.scheduler.max_num_seqs} queued); retry later")
-            self.engine.add_request(c.prompt, c.params, request_id=c.request_id, chat=c.chat)
+            c.stream.handle = self.engine.submit(c.prompt, c.params, request_id=c.request_id,
+                                                 chat=c.chat)
         except Exception as e:
             c.done.set_exception(e)
             return
-        self._streams[c.request_id] = c.stream
+        self._open.append(c.stream)
         c.done.set_result(None)
 
-    def _step(self) -> None:
-        outputs = self.engine.step()
-        self.snapshot.steps += 1
-        self._route(outputs)
-        self._take_snapshot()
-
-    def _route(self, outputs: list[RequestOutput]) -> None:
-        batch = []
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is None:
-                continue
-            if out.finished:
-                del self._streams[out.request_id]
-            batch.append((stream, out))
+    def _forward(self) -> None:
+        """Hands each open request what its handle received since the last call."""
+        batch, still_open = [], []
+        for stream in self._open:
+            out = stream.handle.take()
+            if out is not None:
+                batch.append((stream, out))
+            if not stream.handle.finished:
+                still_open.append(stream)
+        self._open = still_open
         if batch:
             self._deliver(batch)
 
@@ -241,17 +242,18 @@ class EngineLoop:
             pass
 
     def _fail_all(self, reason: str) -> None:
-        batch = [(s, RequestOutput(rid, "", [], finished=True, finish_reason="error",
+        batch = [(s, RequestOutput(s.handle.request_id, "", [], finished=True,
+                                   finish_reason="error",
                                    error=f"the engine loop failed: {reason}"))
-                 for rid, s in self._streams.items()]
-        self._streams.clear()
+                 for s in self._open]
+        self._open = []
         self._deliver(batch)
 
     def _take_snapshot(self) -> None:
         sched = self.engine.scheduler
         pools = {"target": self.engine.target_kv, "draft": self.engine.draft_kv}
         self.snapshot = LoopSnapshot(
-            in_flight=len(self._streams), running=len(sched.running), waiting=len(sched.waiting),
+            in_flight=len(self._open), running=len(sched.running), waiting=len(sched.waiting),
             steps=self.snapshot.steps,
             pools={name: PoolUse(kv.pool.num_pages, kv.pool.num_pages - kv.pool.free_pages,
                                  kv.pool.free_pages - kv.pool.available)
