@@ -126,6 +126,23 @@ def test_bad_requests_are_refused_while_another_streams(server, engine):
         BAD_COMPLETIONS)
 
 
+def test_metrics_report_tau_acceptance_and_tokens(server, engine):
+    """After the speculative stream above: /metrics has the engine's own figures."""
+    m = metrics(server.url)
+    rounds = m["dspine_engine_rounds_total"]
+    assert rounds > 0
+    assert m["dspine_tau"] == pytest.approx(
+        1 + m["dspine_engine_accepted_draft_tokens_total"] / rounds)
+    rates = {k: v for k, v in m.items() if k.startswith("dspine_acceptance_rate{")}
+    assert set(rates) == {f'dspine_acceptance_rate{{position="{j}"}}'
+                          for j in range(1, engine.block)}  # one per draft slot of a block
+    assert all(0 <= v <= 1 for v in rates.values())
+    assert m["dspine_engine_tokens_per_second"] > 0
+    assert m["dspine_generation_tokens_total"] >= LONG
+    # the engine counts every committed token, the server those of finished requests
+    assert m["dspine_engine_generated_tokens_total"] >= m["dspine_generation_tokens_total"]
+
+
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
                                      {"Authorization": KEY}])
 def test_wrong_api_key_is_401(server, headers):

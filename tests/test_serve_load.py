@@ -23,6 +23,7 @@ MODEL = "tiny"
 CLIENTS = 32
 REQUESTS_PER_ROUND = 80
 ROUNDS = 3
+SHUTDOWN_TIMEOUT = 0.5  # seconds SIGTERM lets in-flight requests run before aborting them
 WORDS = ("the sea river stone light quiet morning city window garden bird song paper road "
          "winter fire cloud green small old").split()
 
@@ -30,7 +31,7 @@ WORDS = ("the sea river stone light quiet morning city window garden bird song p
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     args = ["--model", str(tiny_llama), "--no-draft", "--served-model-name", MODEL,
-            "--max-num-seqs", str(CLIENTS)]
+            "--max-num-seqs", str(CLIENTS), "--shutdown-timeout", str(SHUTDOWN_TIMEOUT)]
     with Server(args) as s:
         yield s
 
@@ -186,3 +187,35 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts(server):
     assert m["dspine_requests_in_flight"] == 0
     _pools_free(m)
     assert m[key] == before + 1
+
+
+def test_sigterm_aborts_what_outlasts_the_shutdown_timeout_then_exits_0(server):
+    """Last in this file: it stops the module's server. Answers far longer than the shutdown
+    timeout are cut (their clients see the connection end without [DONE]), the engine aborts
+    them, and the server still exits with 0 without a traceback."""
+    body = {"model": MODEL, "prompt": "hi", "stream": True, "max_tokens": 480,
+            "ignore_eos": True}
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+            async def long_stream():
+                lines = []
+                try:
+                    async with c.stream("POST", "/v1/completions", json=body) as r:
+                        async for line in r.aiter_lines():
+                            lines.append(line)
+                except httpx.TransportError:
+                    pass  # the server closed the connection mid-answer
+                return lines
+
+            tasks = [asyncio.create_task(long_stream()) for _ in range(8)]
+            while metrics(server.url)["dspine_requests_running"] < 8:
+                await asyncio.sleep(0.02)
+            server.send_sigterm()
+            return await asyncio.gather(*tasks)
+
+    streams = asyncio.run(scenario())
+    assert server.wait() == 0, server.text_log()
+    assert all(lines for lines in streams)  # every client got some of its answer ...
+    assert any("data: [DONE]" not in lines for lines in streams)  # ... and was cut short
+    assert "Traceback" not in server.text_log()
