@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "SmolLM2-135M-Instruct for the default model)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM, seconds to let in-flight requests finish before aborting "
-                        "them (default 30)")
+                        "them (their answers end with finish_reason \"abort\"; default 30)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="server log level (default info: one line per request)")
@@ -100,6 +100,7 @@ def main(argv=None) -> int:
         import uvicorn
 
         from ..serve import build_app
+        from ..serve.graceful import GracefulServer
     except ImportError as e:
         print(f"dspine-serve: the server needs its extras ({e.name} is missing): "
               "pip install -e '.[serve]' (or pip install fastapi uvicorn prometheus_client)",
@@ -127,8 +128,7 @@ def main(argv=None) -> int:
     app = build_app(engine, name, api_key=args.api_key, max_queue=args.max_queue,
                     default_max_tokens=args.default_max_tokens,
                     shutdown_timeout=args.shutdown_timeout)
-    config = uvicorn.Config(app, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+    config = uvicorn.Config(app, log_level=args.log_level)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     mode = "autoregressive" if draft is None else f"draft {draft}"
@@ -138,8 +138,9 @@ def main(argv=None) -> int:
     # uvicorn handles SIGTERM (stop accepting, let requests finish, then shut the app down) and
     # re-raises the signal afterwards; this handler receives it, so the exit code is 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server = GracefulServer(config, app.state.abort_in_flight, args.shutdown_timeout)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
         return 130
     print("dspine-serve: stopped", file=sys.stderr)

@@ -6,7 +6,9 @@
 `dspine-serve` (dspine_engine/cli/serve.py) loads the engine and runs this app with uvicorn.
 One concern per module: protocol (request bodies -> engine parameters), engine_loop (the
 background thread that drives the engine), responses (OpenAI output shapes, SSE), errors
-(OpenAI-style JSON errors), metrics (Prometheus text), app (routes).
+(OpenAI-style JSON errors), metrics (Prometheus text), app (routes), graceful (uvicorn's
+server with the engine keeping the shutdown deadline), launcher (runs dspine-serve as a
+subprocess, for tests and benchmarks).
 """
 from .app import build_app
 

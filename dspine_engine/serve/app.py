@@ -42,6 +42,7 @@ def build_app(engine: Engine, served_model_name: str, api_key: str | None = None
         await asyncio.to_thread(loop.stop, shutdown_timeout)
 
     app = FastAPI(title="dspine-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.abort_in_flight = loop.abort_all  # the shutdown deadline (graceful.py)
     install_handlers(app)
     app.add_middleware(_CountRefusals, metrics=metrics)
 

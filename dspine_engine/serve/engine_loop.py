@@ -150,6 +150,11 @@ class EngineLoop:
             raise
         return stream
 
+    def abort_all(self) -> None:
+        """Aborts every request in flight (the shutdown deadline); later ones are still taken.
+        Each one's client gets its final output (finish_reason "abort")."""
+        self._send(("abort_all", None))
+
     def stop(self, timeout: float | None = None) -> None:
         """Aborts whatever is still in flight, lets the engine report it, ends the thread."""
         self._send(("stop", None))
@@ -194,10 +199,15 @@ class EngineLoop:
                 handle = command[1].handle
                 if handle is not None:  # None: the submit was refused or never ran
                     handle.abort()
+            elif command[0] == "abort_all":
+                self._abort_open()
             elif command[0] == "stop":
                 self._stopping = True
-                for stream in self._open:
-                    stream.handle.abort()
+                self._abort_open()
+
+    def _abort_open(self) -> None:
+        for stream in self._open:
+            stream.handle.abort()  # the final outputs go out with the next _forward
 
     def _submit(self, c: _Submit) -> None:
         if not c.done.set_running_or_notify_cancel():
