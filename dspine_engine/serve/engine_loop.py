@@ -143,6 +143,8 @@ class EngineLoop:
         stream = RequestStream(self, on_finished)
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._send(_Submit(request_id, prompt, params, chat, stream, done))
+        if self._failed is not None:  # the thread is gone: nobody will take the command
+            self._refuse(done)
         try:
             await asyncio.wrap_future(done)
         except asyncio.CancelledError:  # the client left while the request was being queued
@@ -182,9 +184,10 @@ class EngineLoop:
                         return
                     self._wake.wait()
         except BaseException as e:  # a bug here must not leave requests waiting forever
-            self._failed = f"{type(e).__name__}: {e}"
+            self._failed = f"{type(e).__name__}: {e}"  # first: submit() checks it after sending
             log.exception("the engine loop failed; failing every request in flight")
             self._fail_all(self._failed)
+            self._refuse_queued()
             raise
 
     def _drain_commands(self) -> None:
@@ -258,6 +261,26 @@ class EngineLoop:
                  for s in self._open]
         self._open = []
         self._deliver(batch)
+
+    def _refuse_queued(self) -> None:
+        """After a failure: refuses the submits already queued (later ones refuse themselves)."""
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Submit):
+                self._refuse(command.done)
+
+    def _refuse(self, done: concurrent.futures.Future) -> None:
+        """Fails a submit's future unless someone already settled it (either thread may)."""
+        try:
+            if done.set_running_or_notify_cancel():
+                done.set_exception(ShuttingDownError(
+                    f"the engine loop failed ({self._failed}); the server takes no new "
+                    "requests"))
+        except (RuntimeError, concurrent.futures.InvalidStateError):
+            pass
 
     def _take_snapshot(self) -> None:
         sched = self.engine.scheduler
