@@ -1,6 +1,6 @@
 """The engine loop in process (no HTTP): if the engine thread itself dies, every request in
 flight ends with an error, /health's flag drops, and later submits are refused at once instead
-of waiting for a thread that is gone."""
+of waiting for a thread that is gone; the same refusal once the loop has stopped."""
 import asyncio
 
 import pytest
@@ -39,3 +39,17 @@ def test_a_dead_engine_thread_fails_requests_and_refuses_new_ones(tiny_llama):
 
 async def _all(stream):
     return [out async for out in stream]
+
+
+def test_a_stopped_engine_loop_refuses_new_requests(tiny_llama_engine):
+    from dspine_engine import SamplingParams
+
+    async def scenario():
+        loop = EngineLoop(tiny_llama_engine, max_queue=4)
+        loop.start()
+        loop.stop(10)
+        with pytest.raises(ShuttingDownError, match="shutting down"):
+            await asyncio.wait_for(loop.submit("r", "hello", SamplingParams(max_tokens=2),
+                                               chat=False), 10)
+
+    asyncio.run(scenario())

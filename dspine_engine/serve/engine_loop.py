@@ -113,6 +113,7 @@ class EngineLoop:
         self.snapshot = LoopSnapshot()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._claims = threading.Lock()  # settles who answers a submit (see _claim), no more
         # Accepted requests whose final output has not been handed on yet (engine thread
         # only). Each stream holds its engine handle: the engine says what is whose.
         self._open: list[RequestStream] = []
@@ -143,7 +144,7 @@ class EngineLoop:
         stream = RequestStream(self, on_finished)
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._send(_Submit(request_id, prompt, params, chat, stream, done))
-        if self._failed is not None:  # the thread is gone: nobody will take the command
+        if self._refusal() is not None:  # the thread may be gone: nobody would take it
             self._refuse(done)
         try:
             await asyncio.wrap_future(done)
@@ -190,12 +191,16 @@ class EngineLoop:
             self._refuse_queued()
             raise
 
-    def _drain_commands(self) -> None:
+    def _queued_commands(self):
+        """The commands sent so far, in order, each taken off the queue."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                yield self._commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _drain_commands(self) -> None:
+        for command in self._queued_commands():
             if isinstance(command, _Submit):
                 self._submit(command)
             elif command[0] == "abort":
@@ -213,11 +218,11 @@ class EngineLoop:
             stream.handle.abort()  # the final outputs go out with the next _forward
 
     def _submit(self, c: _Submit) -> None:
-        if not c.done.set_running_or_notify_cancel():
-            return  # the client left before the request reached the engine
+        if not self._claim(c.done):
+            return  # the client left before the request reached the engine, or it was refused
         try:
-            if self._stopping:
-                raise ShuttingDownError("the server is shutting down and takes no new requests")
+            if self._refusal() is not None:
+                raise self._refusal()
             if len(self._open) >= self.capacity:
                 raise QueueFullError(
                     f"the server is at capacity ({len(self._open)} requests in flight: "
@@ -264,23 +269,29 @@ class EngineLoop:
 
     def _refuse_queued(self) -> None:
         """After a failure: refuses the submits already queued (later ones refuse themselves)."""
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command in self._queued_commands():
             if isinstance(command, _Submit):
                 self._refuse(command.done)
 
+    def _refusal(self) -> ShuttingDownError | None:
+        """Why no new request is taken now (None: they are). Either thread may ask."""
+        if self._failed is not None:
+            return ShuttingDownError(f"the engine loop failed ({self._failed}); the server "
+                                     "takes no new requests")
+        if self._stopping:
+            return ShuttingDownError("the server is shutting down and takes no new requests")
+        return None
+
+    def _claim(self, done: concurrent.futures.Future) -> bool:
+        """Takes a submit's future to settle it; False if the client cancelled it or the other
+        thread took it first (both threads may try: the engine's, and a submit that finds the
+        loop stopping or failed)."""
+        with self._claims:
+            return not (done.running() or done.done()) and done.set_running_or_notify_cancel()
+
     def _refuse(self, done: concurrent.futures.Future) -> None:
-        """Fails a submit's future unless someone already settled it (either thread may)."""
-        try:
-            if done.set_running_or_notify_cancel():
-                done.set_exception(ShuttingDownError(
-                    f"the engine loop failed ({self._failed}); the server takes no new "
-                    "requests"))
-        except (RuntimeError, concurrent.futures.InvalidStateError):
-            pass
+        if self._claim(done):
+            done.set_exception(self._refusal())
 
     def _take_snapshot(self) -> None:
         sched = self.engine.scheduler
