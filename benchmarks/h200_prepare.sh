@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares, on this machine, what one H200 session carries (run from the repository root):
-#   .whl/            the wheels the GPU machine lacks (gguf) and the evaluation-prompt wheels
+#   .whl/            the wheels the GPU machine lacks (gguf, the server's extras) and the
+#                    evaluation-prompt wheels
 #   .stage_1/ ...    the default model's GGUF in parts, each sized so that the working tree plus
 #                    one part stays under the 64 MiB a device call may carry (the tree's size
 #                    is measured now, so a larger committed drafter simply means more parts)
@@ -15,6 +16,10 @@ GGUF=${DSPINE_SMOLLM2_GGUF:-$(python3 -c "from dspine_engine.models.default_mode
 mkdir -p .whl/datasets
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl gguf==0.19.0
+# The server's extras (fastapi, uvicorn, ...), so the serve benchmark runs there too (~4 MB).
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d .whl/serve fastapi uvicorn prometheus_client httpx
 python3 -c "from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; humaneval_prompts(); mtbench_prompts()"
 cp ~/.cache/dspine_engine/datasets/*.whl .whl/datasets/
 

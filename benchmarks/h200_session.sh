@@ -14,8 +14,9 @@
 #               run beside them; rank 0 merges the shards.                           ~7.5 min
 #   fit         DSpine and its DFlash twin side by side (same batches; DDP over the GPUs),
 #               sized to FIT_MIN minutes, checkpoints chosen on the held-out set.   ~FIT_MIN+1
-#   gputest     (instead of data/fit/measure) every GPU test, and the quantised CPU tests on the
-#               host's CPU (AVX-512); TEST_K narrows the GPU tests (pytest -k).          ~4 min
+#   gputest     (instead of data/fit/measure) every GPU test, the quantised CPU tests on the
+#               host's CPU (AVX-512), the serve load benchmark; TEST_K narrows the GPU tests
+#               (pytest -k).                                                         ~7 min
 #   measure     acceptance on HumanEval/MT-Bench at T=0/1 for both drafters, GPU lossless
 #               check, end to end AR vs DSpine vs DFlash, the step table, training speed;
 #               returns results + drafters.                                          ~8 min
@@ -58,6 +59,8 @@ if [ "$MODE" = stage ]; then
     cp .stage_1/gguf.sha256 .stage_1/commit $S/
     tar --exclude='./.stage_*' --exclude=./.whl --exclude=./.git -cf - . | (cd $W && tar xf -)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
+    [ -d .whl/serve ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target /root/serve-site .whl/serve/*.whl  # apart: only the serve benchmark puts it on the path
     cp .whl/datasets/*.whl $DSPINE_CACHE/datasets/
     # Detached, and holding none of this call's output: the call returns while it builds.
     (cd $W && exec setsid nohup bash -c "DSPINE_CUDA_ARCHS='${BUILD_ARCHS:-80;90a}' MAX_JOBS=16 python3 setup.py build_ext --inplace > $S/build.log 2>&1; echo \$? > $S/build.rc") >/dev/null 2>&1 < /dev/null &
@@ -119,7 +122,11 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   timeout ${TEST_S:-300} python3 -m pytest -q -m gpu -n 8 tests -rf ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
   timeout 150 python3 -m pytest -q tests/test_quant_cpu.py -rf > $R/logs/quant_cpu.log 2>&1
-  say "quant cpu rc $? : $(tail -1 $R/logs/quant_cpu.log)"; pack; exit 0
+  say "quant cpu rc $? : $(tail -1 $R/logs/quant_cpu.log)"; pack
+  PYTHONPATH=$PYTHONPATH:/root/serve-site timeout ${SERVE_S:-150} python3 benchmarks/serve_load.py \
+    --device cuda --concurrency 1 8 32 --requests-per-client 2 --max-tokens 128 --out $R --no-doc \
+    --quiet > $R/logs/serve_load.log 2>&1
+  say "serve load rc $? : $(tail -3 $R/logs/serve_load.log | tr '\n' ' ')"; pack; exit 0
 fi
 
 if [ "$MODE" = fit ]; then
