@@ -117,12 +117,23 @@ if [ "$MODE" = data ]; then
 fi
 
 if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the CPU's own ISA
-  sync_tree; cd $W; wait_build
+  sync_tree; cd $W
+  # Beside the GPU tests: a CPU-only AddressSanitizer build for the quantised kernels' tests.
+  rm -rf /tmp/asan && mkdir -p /tmp/asan && tar --exclude=./build --exclude='*.so' -cf - . | (cd /tmp/asan && tar xf -)
+  (cd /tmp/asan && DSPINE_CUDA=0 DSPINE_SANITIZE=address MAX_JOBS=4 setsid nohup python3 setup.py build_ext --inplace > $S/asan_build.log 2>&1; echo $? > $S/asan_build.rc) >/dev/null 2>&1 < /dev/null &
+  wait_build
   python3 -c "from dspine_engine.models.default_model import default_model_dir as d; d(progress=False)" || exit 1
   timeout ${TEST_S:-300} python3 -m pytest -q -m gpu -n 8 tests -rf ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
   timeout 150 python3 -m pytest -q tests/test_quant_cpu.py -rf > $R/logs/quant_cpu.log 2>&1
-  say "quant cpu rc $? : $(tail -1 $R/logs/quant_cpu.log)"; pack
+  say "quant cpu rc $? : $(tail -1 $R/logs/quant_cpu.log)"; grep -E "^(FAILED|Fatal)|File .*test_" $R/logs/quant_cpu.log | head -8; pack
+  while [ ! -f $S/asan_build.rc ]; do sleep 2; done
+  CXX=$(command -v c++ || echo /opt/gcc/bin/g++)
+  (cd /tmp/asan && PYTHONPATH=/tmp/asan:/root/site LD_PRELOAD=$($CXX -print-file-name=libasan.so):$($CXX -print-file-name=libstdc++.so) \
+    ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:detect_odr_violation=0:alloc_dealloc_mismatch=0:log_path=$R/logs/asan \
+    timeout 150 python3 -m pytest -q tests/test_quant_cpu.py -rf > $R/logs/quant_cpu_asan.log 2>&1); rc=$?
+  say "asan build rc $(cat $S/asan_build.rc), quant cpu under asan rc $rc : $(tail -1 $R/logs/quant_cpu_asan.log)"
+  ls $R/logs/asan.* >/dev/null 2>&1 && head -40 $R/logs/asan.*; pack
   PYTHONPATH=$PYTHONPATH:/root/serve-site timeout ${SERVE_S:-150} python3 benchmarks/serve_load.py \
     --device cuda --concurrency 1 8 32 --requests-per-client 2 --max-tokens 128 --out $R --no-doc \
     --quiet > $R/logs/serve_load.log 2>&1
