@@ -1,7 +1,7 @@
 """Lossless speculative decoding on the CPU in fp32.
 
 Greedy: speculative output equals autoregressive output token for token, on 20 real prompts
-(10 HumanEval, 10 MT-Bench), 128 new tokens each, at batch 1 and batched, with randomly
+(10 HumanEval, 10 MT-Bench), 128 new tokens each, batched and (every other prompt) at batch 1, with randomly
 initialised DSpine/DFlash drafts (with and without a sliding window shorter than the context).
 The same check with the trained drafter lives in test_trained_drafter.py.
 """
@@ -42,9 +42,9 @@ def test_greedy_lossless_random_draft(variant, kw, batch1, tmp_path, smollm2_dir
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     batched = eng.generate(real_prompts, params)
     assert [r.token_ids for r in batched] == ar_reference
-    if batch1:
-        one_by_one = [eng.generate(p, params)[0].token_ids for p in real_prompts]
-        assert one_by_one == ar_reference
+    if batch1:  # every other prompt (5 HumanEval, 5 MT-Bench): the batch-1 pass is the costly one
+        one_by_one = [eng.generate(p, params)[0].token_ids for p in real_prompts[::2]]
+        assert one_by_one == ar_reference[::2]
     assert all(r.stats.rounds > 0 for r in batched)
     # Every page (and reservation) of both pools came back.
     for kv in (eng.target_kv, eng.draft_kv):

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -31,6 +32,20 @@ inline void parallel_for(int64_t n, F&& fn) {
 #else
   for (int64_t i = 0; i < n; ++i) fn(i);
 #endif
+}
+
+// The index of the first entry of p[0, n) outside [lo, hi), or n; entries whose skip[i] is
+// negative (padding rows) are ignored. A full scan with no early exit on purpose: the same
+// check written as a loop around TORCH_CHECK crashed when it threw, in an -O3 -march=native
+// build on an AVX-512 host (the quantised embedding's id check; docs/DECISIONS.md).
+template <typename T>
+inline int64_t first_outside(const T* p, int64_t n, int64_t lo, int64_t hi, const int32_t* skip = nullptr) {
+  int64_t first = n;
+  for (int64_t i = n - 1; i >= 0; --i) {
+    const bool outside = static_cast<int64_t>(p[i]) < lo || static_cast<int64_t>(p[i]) >= hi;
+    if (outside && (skip == nullptr || skip[i] >= 0)) first = i;
+  }
+  return first;
 }
 
 }  // namespace cpu

@@ -50,11 +50,9 @@ static void check_positions_in_table(const at::Tensor& pos, const int32_t* slots
                                      const char* op) {
   const int32_t* p = pos.data_ptr<int32_t>();
   const int64_t rows = cos_sin.size(0);
-  for (int64_t i = 0; i < pos.numel(); ++i) {
-    if (slots != nullptr && slots[i] < 0) continue;
-    TORCH_CHECK(p[i] >= 0 && p[i] < rows, op, ": position ", p[i], " of token ", i, " is outside the cos/sin table (",
-                rows, " positions)");
-  }
+  const int64_t n = pos.numel(), bad = cpu::first_outside(p, n, 0, rows, slots);
+  TORCH_CHECK(bad == n, op, ": position ", bad < n ? p[bad] : 0, " of token ", bad,
+              " is outside the cos/sin table (", rows, " positions)");
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
@@ -79,8 +77,9 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
   auto sl = slots.contiguous();
   const int64_t capacity = k_cache.size(0) * k_cache.size(1);
   auto sp = sl.data_ptr<int32_t>();
-  for (int64_t i = 0; i < sl.numel(); ++i)
-    TORCH_CHECK(sp[i] < capacity, "write_kv: slot ", sp[i], " is outside the cache (", capacity, " slots)");
+  const int64_t bad = cpu::first_outside(sp, sl.numel(), std::numeric_limits<int64_t>::min(), capacity);
+  TORCH_CHECK(bad == sl.numel(), "write_kv: slot ", bad < sl.numel() ? sp[bad] : 0, " is outside the cache (",
+              capacity, " slots)");
   if (rotate) check_positions_in_table(pos, sp, cos_sin, "write_kv");
   DSPINE_DISPATCH_FLOATS(k.scalar_type(), "write_kv", [&] {
     cpu::write_kv<scalar_t>(k.data_ptr<scalar_t>(), k.stride(0), v.data_ptr<scalar_t>(), v.stride(0),

@@ -9,6 +9,7 @@
 #include <vector>
 #include <torch/library.h>
 
+#include "common.h"
 #include "quant_gemm.h"
 
 namespace dspine {
@@ -90,8 +91,9 @@ EmbeddingInput check_embedding(const at::Tensor& ids_in, const at::Tensor& weigh
   check_packed(weight, f, num_rows, k, "quant_embedding");
   auto ids = ids_in.contiguous();
   const int64_t* p = ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i)
-    TORCH_CHECK(p[i] >= 0 && p[i] < num_rows, "quant_embedding: id ", p[i], " is outside [0, ", num_rows, ")");
+  const int64_t bad = first_outside(p, ids.numel(), 0, num_rows);
+  TORCH_CHECK(bad == ids.numel(), "quant_embedding: id ", bad < ids.numel() ? p[bad] : 0, " is outside [0, ",
+              num_rows, ")");
   auto sizes = ids.sizes().vec();
   sizes.push_back(k);
   return {std::move(ids), f, k, std::move(sizes)};
