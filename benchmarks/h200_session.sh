@@ -73,6 +73,16 @@ if [ "$MODE" = stage ]; then
   say "staged part $K of $N"; exit 0
 fi
 
+convert_model() {  # the default model's directory from the staged GGUF (once per machine)
+  python3 -c "from dspine_engine.models.default_model import default_model_dir as d; print(d(progress=False))"
+}
+quant_cpu_tests() {  # the quantised CPU kernels on this host's CPU (AVX-512 VNNI, which CI lacks)
+  { python3 -c "from dspine_engine import ops; print('quant isa', ops.quant_isa())"
+    timeout 200 python3 -m pytest -q tests/test_quant_cpu.py -rf; } > $R/logs/quant_cpu.log 2>&1
+  say "quant cpu rc $? : $(head -1 $R/logs/quant_cpu.log) $(tail -1 $R/logs/quant_cpu.log)"
+  grep -E "^(FAILED|Fatal)|File .*test_" $R/logs/quant_cpu.log | head -8
+}
+
 wait_build() {
   while [ ! -f $S/build.rc ]; do sleep 2; done
   say "build rc $(cat $S/build.rc)"; tail -3 $S/build.log
@@ -81,7 +91,7 @@ wait_build() {
 
 if [ "$MODE" = data ]; then
   sync_tree; cd $W; wait_build
-  python3 -c "from dspine_engine.models.default_model import default_model_dir as d; print(d(progress=False))" || exit 1
+  convert_model || exit 1
   timeout 180 python3 -m dspine_engine.cli.train prompts --out $S/prompts.jsonl --num $NUM_PROMPTS \
     --seed $SEED --magpie-share 0.05 --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT --quiet > $R/logs/prompts.log 2>&1
   say "prompts rc $? : $(tail -2 $R/logs/prompts.log | tr '\n' ' ')"
@@ -107,10 +117,7 @@ if [ "$MODE" = data ]; then
   timeout 90 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
     -k "(paged_attention or walk or block_verify or injection or rope) and not outside_the_table" > $R/logs/memcheck.log 2>&1
   say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
-  # The quantised CPU kernels on this host's CPU (AVX-512 VNNI, which the CI machine lacks).
-  timeout 120 python3 -c "from dspine_engine import ops; print('quant isa', ops.quant_isa())" > $R/logs/quant_cpu.log 2>&1
-  timeout 200 python3 -m pytest -q tests/test_quant_cpu.py -rf >> $R/logs/quant_cpu.log 2>&1
-  say "quant cpu rc $? : $(head -1 $R/logs/quant_cpu.log) $(tail -1 $R/logs/quant_cpu.log)"
+  quant_cpu_tests
   while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
   for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
   say "data: $(head -1 $S/data_stats.txt)"; pack; exit 0
@@ -122,11 +129,10 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   rm -rf /tmp/asan && mkdir -p /tmp/asan && tar --exclude=./build --exclude='*.so' -cf - . | (cd /tmp/asan && tar xf -)
   (cd /tmp/asan && DSPINE_CUDA=0 DSPINE_SANITIZE=address MAX_JOBS=4 setsid nohup python3 setup.py build_ext --inplace > $S/asan_build.log 2>&1; echo $? > $S/asan_build.rc) >/dev/null 2>&1 < /dev/null &
   wait_build
-  python3 -c "from dspine_engine.models.default_model import default_model_dir as d; d(progress=False)" || exit 1
+  convert_model >/dev/null || exit 1
   timeout ${TEST_S:-300} python3 -m pytest -q -m gpu -n 8 tests -rf ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
-  timeout 150 python3 -m pytest -q tests/test_quant_cpu.py -rf > $R/logs/quant_cpu.log 2>&1
-  say "quant cpu rc $? : $(tail -1 $R/logs/quant_cpu.log)"; grep -E "^(FAILED|Fatal)|File .*test_" $R/logs/quant_cpu.log | head -8; pack
+  quant_cpu_tests; pack
   while [ ! -f $S/asan_build.rc ]; do sleep 2; done
   CXX=$(command -v c++ || echo /opt/gcc/bin/g++)
   (cd /tmp/asan && PYTHONPATH=/tmp/asan:/root/site LD_PRELOAD=$($CXX -print-file-name=libasan.so):$($CXX -print-file-name=libstdc++.so) \
