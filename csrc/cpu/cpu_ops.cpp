@@ -51,8 +51,8 @@ static void check_positions_in_table(const at::Tensor& pos, const int32_t* slots
   const int32_t* p = pos.data_ptr<int32_t>();
   const int64_t rows = cos_sin.size(0);
   const int64_t n = pos.numel(), bad = cpu::first_outside(p, n, 0, rows, slots);
-  TORCH_CHECK(bad == n, op, ": position ", bad < n ? p[bad] : 0, " of token ", bad,
-              " is outside the cos/sin table (", rows, " positions)");
+  TORCH_CHECK(bad == n, op, ": position ", p[bad], " of token ", bad, " is outside the cos/sin table (", rows,
+              " positions)");  // the message is formed only on failure, where bad < n
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
@@ -78,8 +78,7 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
   const int64_t capacity = k_cache.size(0) * k_cache.size(1);
   auto sp = sl.data_ptr<int32_t>();
   const int64_t bad = cpu::first_outside(sp, sl.numel(), std::numeric_limits<int64_t>::min(), capacity);
-  TORCH_CHECK(bad == sl.numel(), "write_kv: slot ", bad < sl.numel() ? sp[bad] : 0, " is outside the cache (",
-              capacity, " slots)");
+  TORCH_CHECK(bad == sl.numel(), "write_kv: slot ", sp[bad], " is outside the cache (", capacity, " slots)");
   if (rotate) check_positions_in_table(pos, sp, cos_sin, "write_kv");
   DSPINE_DISPATCH_FLOATS(k.scalar_type(), "write_kv", [&] {
     cpu::write_kv<scalar_t>(k.data_ptr<scalar_t>(), k.stride(0), v.data_ptr<scalar_t>(), v.stride(0),

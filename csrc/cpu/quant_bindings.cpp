@@ -92,8 +92,8 @@ EmbeddingInput check_embedding(const at::Tensor& ids_in, const at::Tensor& weigh
   auto ids = ids_in.contiguous();
   const int64_t* p = ids.data_ptr<int64_t>();
   const int64_t bad = first_outside(p, ids.numel(), 0, num_rows);
-  TORCH_CHECK(bad == ids.numel(), "quant_embedding: id ", bad < ids.numel() ? p[bad] : 0, " is outside [0, ",
-              num_rows, ")");
+  // TORCH_CHECK forms its message only when the check fails, so p[bad] is then in range.
+  TORCH_CHECK(bad == ids.numel(), "quant_embedding: id ", p[bad], " is outside [0, ", num_rows, ")");
   auto sizes = ids.sizes().vec();
   sizes.push_back(k);
   return {std::move(ids), f, k, std::move(sizes)};
