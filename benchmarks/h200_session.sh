@@ -8,7 +8,8 @@
 #
 #   stage K N   (carry .stage_K; the first also .whl)  K=1 copies the tree to /root/work,
 #               installs the wheels and starts the extension build (detached); every K adds its
-#               part of the GGUF; K=N assembles and checks it.                        ~20 s each
+#               part of the payload (the GGUF, and the drafters to continue from); K=N joins,
+#               checks and unpacks it into /root/stage.                               ~20 s each
 #   data        converts the model, builds the prompt corpus and its held-out set, then runs
 #               the generators (detached) for DATA_MIN minutes while the GPU tests and memcheck
 #               run beside them; rank 0 merges the shards.                           ~7.5 min
@@ -22,8 +23,11 @@
 #               returns results + drafters.                                          ~8 min
 #
 # Results come back in $OUT/results.tar.gz; each drafter's shards as their own files (<= 15 MiB).
-# Continuing from a committed drafter (the accumulating runs of docs/TRAINING.md):
-#   INIT_DRAFT=dspine_engine/drafters/smollm2-135m-dspine  in the fit call's environment.
+# Continuing (the accumulating runs of docs/TRAINING.md), in the fit call's environment:
+#   INIT_DRAFT=DIR   the DSpine draft to start from (a committed drafter in the tree, or one
+#                    staged through h200_prepare.sh's INIT_DIRS as /root/stage/init/<name>)
+#   INIT_TWIN=DIR    the DFlash twin to start from (the previous run's), so both accumulate
+#                    the same budget; without it the twin starts from INIT_DRAFT's weights.
 set -u
 MODE=${1:-}
 W=/root/work S=/root/stage R=/root/stage/results
@@ -33,7 +37,8 @@ GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
 DATA_MIN=${DATA_MIN:-5.5} DATA_PROCS=${DATA_PROCS:-4} FIT_MIN=${FIT_MIN:-6.5}  # per GPU: procs
 BATCH=${BATCH:-$(( 64 / GPUS > 16 ? 64 / GPUS : 16 ))} LR=${LR:-6e-4}  # per-rank batch
 NUM_PROMPTS=${NUM_PROMPTS:-400000} HELDOUT=${HELDOUT:-384} SEED=${SEED:-1}
-KV_TOKENS=${KV_TOKENS:-400000} MAX_NEW=${MAX_NEW:-512}  # per generator rank
+KV_TOKENS=${KV_TOKENS:-400000} MAX_NEW=${MAX_NEW:-512} MAX_SEQS=${MAX_SEQS:-256}  # per rank
+MAGPIE=${MAGPIE:-0.05}  # share of the corpus asked for as the target's own (Magpie) prompts
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
 t0=$(date +%s)
 [ -f $S/commit ] && export DSPINE_COMMIT=$(cat $S/commit)
@@ -54,9 +59,9 @@ sync_tree() {  # Python-only changes made since `stage 1` (this call's tree) int
 if [ "$MODE" = stage ]; then
   K=$2 N=$3
   mkdir -p $S $R/logs /root/site $W $DSPINE_CACHE/datasets
-  cp .stage_$K/gguf_part $S/gguf_part_$K
+  cp .stage_$K/payload_part $S/payload_part_$K
   if [ "$K" = 1 ]; then
-    cp .stage_1/gguf.sha256 .stage_1/commit $S/
+    cp .stage_1/payload.sha256 .stage_1/commit $S/
     tar --exclude='./.stage_*' --exclude=./.whl --exclude=./.git -cf - . | (cd $W && tar xf -)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
     [ -d .whl/serve ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
@@ -67,8 +72,10 @@ if [ "$MODE" = stage ]; then
     nvidia-smi -L
   fi
   if [ "$K" = "$N" ]; then
-    cat $(for k in $(seq 1 $N); do echo $S/gguf_part_$k; done) > $S/smollm2.gguf
-    echo "$(cat $S/gguf.sha256)  $S/smollm2.gguf" | sha256sum -c - || { say "GGUF checksum failed"; exit 1; }
+    cat $(for k in $(seq 1 $N); do echo $S/payload_part_$k; done) > $S/payload.tar
+    echo "$(cat $S/payload.sha256)  $S/payload.tar" | sha256sum -c - || { say "payload checksum failed"; exit 1; }
+    tar -xf $S/payload.tar -C $S && rm $S/payload.tar $S/payload_part_*
+    say "unpacked: $(cd $S && ls -d smollm2.gguf init/* 2>/dev/null | tr '\n' ' ')"
   fi
   say "staged part $K of $N"; exit 0
 fi
@@ -83,6 +90,16 @@ quant_cpu_tests() {  # the quantised CPU kernels on this host's CPU (AVX-512 VNN
   grep -E "^(FAILED|Fatal)|File .*test_" $R/logs/quant_cpu.log | head -8
 }
 
+profile_generator() {  # where one generator rank's host-bound step goes (py-spy, 20 s, raw stacks)
+  local launcher rank
+  launcher=$(pgrep -f "torch.distributed.run.*--out $S/data.jsonl" | head -1)
+  rank=$([ -n "$launcher" ] && pgrep -P "$launcher" | head -1)
+  [ -n "$rank" ] && [ -x /root/site/bin/py-spy ] || { say "profile: no rank or no py-spy"; return 0; }
+  timeout 60 /root/site/bin/py-spy record --pid "$rank" --duration 20 --rate 100 --nonblocking \
+    --format raw --output $R/logs/generator_profile.txt > $R/logs/py_spy.log 2>&1
+  say "profile rc $? ($(wc -l < $R/logs/generator_profile.txt 2>/dev/null) stacks)"
+}
+
 wait_build() {
   while [ ! -f $S/build.rc ]; do sleep 2; done
   say "build rc $(cat $S/build.rc)"; tail -3 $S/build.log
@@ -93,14 +110,14 @@ if [ "$MODE" = data ]; then
   sync_tree; cd $W; wait_build
   convert_model || exit 1
   timeout 180 python3 -m dspine_engine.cli.train prompts --out $S/prompts.jsonl --num $NUM_PROMPTS \
-    --seed $SEED --magpie-share 0.05 --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT --quiet > $R/logs/prompts.log 2>&1
+    --seed $SEED --magpie-share $MAGPIE --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT --quiet > $R/logs/prompts.log 2>&1
   say "prompts rc $? : $(tail -2 $R/logs/prompts.log | tr '\n' ' ')"
   # One torchrun: DATA_PROCS generator ranks per GPU, each answering every W-th prompt into its
   # own shard; rank 0 merges the shards into data.jsonl at the end (dspine-train merge's rule).
   gen() {  # $1 ranks, $2 prompts file, $3 output, $4 seed, $5 minutes
     OMP_NUM_THREADS=2 setsid nohup python3 -m torch.distributed.run --nproc-per-node $1 --master-port $((29500 + $4 % 100)) \
       -m dspine_engine.cli.train data --prompts $2 --out $3 --seed $4 --max-new-tokens $MAX_NEW \
-      --max-num-seqs 256 --kv-cache-tokens $KV_TOKENS --sampled-share 0.2 --max-minutes $5 --quiet \
+      --max-num-seqs $MAX_SEQS --kv-cache-tokens $KV_TOKENS --sampled-share 0.2 --max-minutes $5 --quiet \
       > $R/logs/$(basename $3 .jsonl).log 2>&1 < /dev/null &
   }
   gen 1 $S/heldout_prompts.jsonl $S/heldout.jsonl 999 2
@@ -110,6 +127,7 @@ if [ "$MODE" = data ]; then
   if ! pgrep -f "cli.train data" >/dev/null; then
     say "generators died"; tail -40 $R/logs/data.log; pack; exit 1
   fi
+  profile_generator &
   # Beside them (the GPU has room): every GPU test, then memcheck over the kernel tests (not the
   # test that provokes the RoPE device assertion on purpose: memcheck counts it as errors).
   timeout 240 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
@@ -149,6 +167,7 @@ fi
 if [ "$MODE" = fit ]; then
   sync_tree; cd $W
   init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
+  [ -n "${INIT_TWIN:-}" ] && init="$init --ablation-draft $INIT_TWIN"
   python3 -m torch.distributed.run --nproc-per-node $GPUS -m dspine_engine.cli.train fit --data $S/data.jsonl \
     --eval-data $S/heldout.jsonl --out $R/dspine --ablation-out $R/dflash $init \
     --steps auto --max-minutes $FIT_MIN --batch-size $BATCH --lr $LR --save-every 250 \
@@ -157,11 +176,15 @@ if [ "$MODE" = fit ]; then
   pack; exit 0
 fi
 
-if [ "$MODE" = measure ]; then
-  sync_tree; cd $W
-  timeout 200 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash \
+if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR ..." adds drafters
+  sync_tree; cd $W                # to the acceptance table (e.g. the shipped one, side by side)
+  MEASURE=${MEASURE:-eval e2e steps speed}
+  also=""; for d in ${EVAL_ALSO:-}; do also="$also --draft $d"; done
+  case " $MEASURE " in *" eval "*)
+  timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash $also \
     --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
-  say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack
+  say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack;; esac
+  case " $MEASURE " in *" e2e "*)
   python3 -c "
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
 ps = mtbench_prompts()[:40] + humaneval_prompts()[:40]
@@ -169,12 +192,15 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   timeout 200 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
     --draft dspine=$R/dspine --draft dflash=$R/dflash --concurrency 64 32 8 1 --out $R --name e2e_h200 \
     --quiet > $R/logs/e2e.log 2>&1
-  say "e2e rc $?"; pack
+  say "e2e rc $?"; pack;; esac
+  case " $MEASURE " in *" steps "*)
   timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
-  say "step table rc $?"; pack
+  say "step table rc $?"; pack;; esac
+  case " $MEASURE " in *" speed "*)
   timeout 120 python3 benchmarks/train_speed.py --data $S/data.jsonl --steps 15 --out $R \
     > $R/logs/train_speed.log 2>&1
-  say "train speed rc $?"; pack; ls -la $OUT; exit 0
+  say "train speed rc $?"; pack;; esac
+  ls -la $OUT; exit 0
 fi
 
 echo "usage: h200_session.sh stage K N | data | fit | measure   (see the header)"; exit 2

@@ -131,6 +131,40 @@ def test_ablation_out_needs_a_dspine_draft(small_vocab_target):
         _twin(dflash)
 
 
+def test_ablation_twin_continues_from_the_previous_runs_twin(small_vocab_target, tmp_path):
+    """--ablation-draft starts the twin from the previous run's twin (its own weights, not the
+    DSpine draft's), and refuses a directory that is not the twin of --draft."""
+    import argparse
+
+    from dspine_engine.cli.train import _ablation_start
+
+    target = small_vocab_target
+    dspine = _draft(target)
+    previous_twin = _twin(_draft(target))
+    with torch.no_grad():
+        for p in previous_twin.parameters():
+            p.add_(0.5)
+    dspine.save(tmp_path / "dspine", dtype=torch.float32)
+    previous_twin.save(tmp_path / "dflash", dtype=torch.float32)
+    args = argparse.Namespace(draft=str(tmp_path / "dspine"), quiet=True,
+                              ablation_draft=str(tmp_path / "dflash"))
+    twin = _ablation_start(args, dspine, target)
+    assert not twin.config.injection and not twin.config.transition
+    for name, p in _params(previous_twin).items():
+        torch.testing.assert_close(_params(twin)[name], p, rtol=0, atol=0, msg=name)
+    assert not torch.equal(_params(twin)["layers.0.mlp.down_proj.weight"],
+                           _params(dspine)["layers.0.mlp.down_proj.weight"])
+    with pytest.raises(ValueError, match="not the DFlash twin"):
+        _ablation_start(argparse.Namespace(draft=args.draft, quiet=True,
+                                           ablation_draft=args.draft), dspine, target)
+    with pytest.raises(ValueError, match="--draft too"):
+        _ablation_start(argparse.Namespace(draft=None, quiet=True,
+                                           ablation_draft=args.ablation_draft), dspine, target)
+    args.ablation_draft = None
+    same = _ablation_start(args, dspine, target)
+    assert all(torch.equal(_params(dspine)[n], p) for n, p in _params(same).items())
+
+
 def test_run_sized_to_its_budget(small_vocab_target, tmp_path):
     target, data = small_vocab_target, SequenceData(_records(), 256)
     with pytest.raises(ValueError, match="max_minutes"):

@@ -170,6 +170,10 @@ def _fit_parser(sub) -> None:
                    help="also train the DFlash twin of the draft (same init, batches, steps "
                         "and flags; no injection, no transition) into DIR, side by side in "
                         "this process on the same target capture: the equal-budget baseline")
+    p.add_argument("--ablation-draft", default=None, metavar="DIR",
+                   help="with --ablation-out and --draft: start the DFlash twin from this "
+                        "draft directory (the previous run's twin, so both drafters accumulate "
+                        "the same budget) instead of from the DSpine draft's shared weights")
     p.add_argument("--eval-data", default=None, metavar="FILE",
                    help="held-out JSONL (from `dspine-train data` on held-out prompts) scored "
                         "at every checkpoint; OUT keeps the draft with the best held-out "
@@ -352,6 +356,27 @@ def _ablation_twin(draft):
     return twin
 
 
+def _ablation_start(args, draft, target):
+    """The twin's starting point: the previous run's twin (--ablation-draft), which must be
+    the DFlash form of ``draft``'s architecture, or else ``draft``'s own shared weights."""
+    from ..models.dspine import DSpineDraft
+
+    if not args.ablation_draft:
+        return _ablation_twin(draft)
+    if not args.draft:
+        raise ValueError("--ablation-draft continues a previous pair: pass that run's DSpine "
+                         "draft as --draft too")
+    twin = DSpineDraft.load(Path(args.ablation_draft), progress=not args.quiet)
+    expected = dataclasses.replace(draft.config, injection=False, transition=False,
+                                   architecture=twin.config.architecture)
+    if twin.config != expected:
+        raise ValueError(f"--ablation-draft {args.ablation_draft} is not the DFlash twin of "
+                         f"--draft {args.draft} (the configs differ beyond injection and "
+                         "transition)")
+    twin.config.check_target(target.config)
+    return twin
+
+
 def _resume_states(outs: list[Path], resume: bool):
     """The saved states of the runs in ``outs`` (all or none), or None for a fresh run."""
     import json
@@ -412,7 +437,7 @@ def run_fit(args, t_start: float) -> int:
         twin = load_draft_for_resume(outs[1]) if args.ablation_out else None
     else:
         draft = _new_draft(args, target)
-        twin = _ablation_twin(draft) if args.ablation_out else None
+        twin = _ablation_start(args, draft, target) if args.ablation_out else None
     # Block positions run up to max_len + B - 2: keep them inside the RoPE table.
     cfg.max_len = min(cfg.max_len, target.config.max_position_embeddings - draft.config.block_size)
     trainer = Trainer(target, draft, SequenceData(train_recs, cfg.max_len),
