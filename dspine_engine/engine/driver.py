@@ -7,6 +7,7 @@ are serialised by a lock, so threads or tasks may drive the engine concurrently.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -31,6 +32,11 @@ class LoopDriver:
         self._seqs: dict[str, Sequence] = {}  # unfinished requests
         self._handles: dict[str, RequestHandle] = {}  # ids in use (unfinished or unread)
         self._step_api: dict[str, RequestHandle] = {}  # handles read by step() (insertion order)
+        # Step-API requests with outputs not yet returned -> their insertion number: step() reads
+        # only these (not every queued request) and returns them in insertion order.
+        self._news: dict[str, int] = {}
+        self._order: dict[str, int] = {}
+        self._serial = itertools.count()
 
     # ------------------------------------------------------------------ requests
     def in_use(self, request_id: str) -> bool:
@@ -50,6 +56,7 @@ class LoopDriver:
             self._handles[seq.request_id] = handle
             if step_api:
                 self._step_api[seq.request_id] = handle
+                self._order[seq.request_id] = next(self._serial)
             self.stats.requests += 1
             return handle
 
@@ -66,7 +73,7 @@ class LoopDriver:
 
     def has_work(self) -> bool:
         """Requests to run, or step-API outputs not yet returned by `step_api_outputs`."""
-        return self.scheduler.has_work() or any(h._pending for h in self._step_api.values())
+        return self.scheduler.has_work() or bool(self._news)
 
     # ------------------------------------------------------------------ driving
     def advance(self, blocking: bool = True) -> bool:
@@ -97,16 +104,21 @@ class LoopDriver:
             self._lock.release()
 
     def step_api_outputs(self) -> list[RequestOutput]:
-        """The outputs of step-API requests since the last call, one merged output each."""
-        outs = []
-        for rid, handle in list(self._step_api.items()):
-            out = handle.take()
-            if out is not None:
-                outs.append(out)
-            if handle.done:
-                del self._step_api[rid]
-                self._handles.pop(rid, None)
-        return outs
+        """The outputs of step-API requests since the last call, one merged output each (in the
+        order the requests were added)."""
+        with self._lock:  # a step in another thread may be adding news
+            news, self._news = self._news, {}
+            outs = []
+            for rid in sorted(news, key=news.__getitem__):
+                handle = self._step_api[rid]
+                out = handle.take()
+                if out is not None:
+                    outs.append(out)
+                if handle.done:
+                    del self._step_api[rid]
+                    del self._order[rid]
+                    self._handles.pop(rid, None)
+            return outs
 
     # ------------------------------------------------------------------ one step
     def _step(self) -> bool:
@@ -149,7 +161,7 @@ class LoopDriver:
             self.scheduler.finish(seq, seq.finish_reason)
             self._deliver(self._finished_output(seq, text, tokens))
         elif handle.wants_deltas:
-            handle.put(RequestOutput(seq.request_id, text, tokens, finished=False))
+            self._put(handle, RequestOutput(seq.request_id, text, tokens, finished=False))
         else:
             handle.collect(text, tokens)  # generate(): no per-step output object
 
@@ -163,6 +175,12 @@ class LoopDriver:
 
     def _deliver(self, out: RequestOutput) -> None:
         handle = self._handles[out.request_id]
-        handle.put(out)
+        self._put(handle, out)
         if out.finished and out.request_id not in self._step_api:
             del self._handles[out.request_id]  # its consumer holds the handle; the id is free
+
+    def _put(self, handle: RequestHandle, out: RequestOutput) -> None:
+        handle.put(out)
+        order = self._order.get(out.request_id)
+        if order is not None:  # a step-API request: step() returns it next
+            self._news[out.request_id] = order
