@@ -21,7 +21,7 @@ from random_drafts import write_tiny_random_draft
     (dict(kv_cache_tokens=0), "kv_cache_tokens"), (dict(kv_cache_tokens=-16), "kv_cache_tokens"),
     (dict(kv_cache_tokens=8, page_size=16), "less than one page"),
     (dict(max_model_len=0), "max_model_len"), (dict(max_prefill_tokens=0), "max_prefill"),
-    (dict(cuda_graphs="yes"), "cuda_graphs"),
+    (dict(cuda_graphs="yes"), "cuda_graphs"), (dict(admission_batch=0), "admission_batch"),
 ])
 def test_bad_settings_are_refused_before_loading(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):

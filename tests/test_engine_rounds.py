@@ -86,3 +86,30 @@ def test_a_staged_round_runs_twice_the_same(tiny_llama, tmp_path):
         for first, second in zip(*runs):
             assert torch.equal(first, second)
     assert pools_whole(eng)
+
+
+def test_admission_batch_waits_for_free_seats_and_changes_no_output(tiny_llama):
+    """admission_batch=2: a running batch takes new requests only once two seats are free (one
+    prefill step for both), and every request's tokens are those of admission at once."""
+    lengths = [2, 4, 9, 9, 3, 3]
+
+    def run(admission_batch):
+        eng = Engine(tiny_llama, progress=False, max_num_seqs=4, admission_batch=admission_batch)
+        ids = [eng.add_request(f"prompt {i}", SamplingParams(max_tokens=n, ignore_eos=True,
+                                                             temperature=1.0, seed=i))
+               for i, n in enumerate(lengths)]
+        tokens, running = {rid: [] for rid in ids}, []
+        while eng.has_unfinished():
+            for out in eng.step():
+                tokens[out.request_id] += out.new_token_ids
+            running.append(len(eng.scheduler.running))
+        return [tokens[rid] for rid in ids], running
+
+    at_once, running_1 = run(1)
+    batched, running_2 = run(2)
+    assert batched == at_once and [len(t) for t in batched] == lengths
+    # Running after each step. Request 0 ends in the first decode step (its second token): at
+    # once, the next step refills its seat; batched, the seat stays empty until request 1 ends
+    # too, then both waiting requests join in one prefill step.
+    assert running_1[:3] == [4, 3, 4]
+    assert running_2[:5] == [4, 3, 3, 2, 4]

@@ -102,6 +102,10 @@ def _data_parser(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256,
                    help="sequences the engine decodes concurrently (new requests are added as "
                         "others finish, so the batch stays full)")
+    p.add_argument("--admission-batch", type=int, default=None,
+                   help="new requests join the batch once this many seats are free, in one "
+                        "prefill step (default: max-num-seqs / 8; each prefill step pauses all "
+                        "decoding, so fewer, larger ones are faster)")
     p.add_argument("--dtype", default="auto", help="target dtype (auto: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="run the engine's forwards eagerly on CUDA")
@@ -285,9 +289,11 @@ def run_data(args) -> int:
     if ctx.active:
         out = out.with_name(f"{out.name}.rank{ctx.rank}")
         prompts = ctx.shard(prompts) if prompts is not None else None
+    admission = args.admission_batch or max(1, args.max_num_seqs // 8)
     engine = Engine(args.target, device=device, dtype=args.dtype,
                     max_num_seqs=args.max_num_seqs, cuda_graphs=args.cuda_graphs,
-                    kv_cache_tokens=args.kv_cache_tokens, progress=not args.quiet)
+                    kv_cache_tokens=args.kv_cache_tokens, admission_batch=admission,
+                    progress=not args.quiet)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens,
                            answer_temperature=args.answer_temperature,
                            sampled_share=args.sampled_share,

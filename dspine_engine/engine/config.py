@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..models.config import ModelConfigError
 
-_POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens")
+_POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_batch")
 _OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len")
 
 
@@ -24,6 +24,9 @@ class EngineConfig:
     page_size: int = 16  # tokens per KV page
     max_num_seqs: int = 64  # requests decoded together (also the largest CUDA graph)
     max_prefill_tokens: int = 4096  # prompt tokens per prefill step (a longer prompt runs alone)
+    # While requests decode, new ones are admitted once this many seats are free: fewer, larger
+    # prefill steps between the decode rounds (throughput; 1 = admit at once, lowest latency).
+    admission_batch: int = 1
     max_model_len: int | None = None  # prompt + answer limit; None: the target's context
     cuda_graphs: bool = True  # capture the draft/verify forwards on CUDA
 

@@ -126,7 +126,8 @@ class Engine:
     def __init__(self, target=None, draft=None, device=None, dtype=None,
                  kv_cache_tokens=_DEFAULT, page_size=_DEFAULT, max_num_seqs=_DEFAULT,
                  max_prefill_tokens=_DEFAULT, max_model_len=_DEFAULT, cuda_graphs=_DEFAULT,
-                 progress: bool = True, config: EngineConfig | None = None):
+                 admission_batch=_DEFAULT, progress: bool = True,
+                 config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
 
@@ -138,7 +139,8 @@ class Engine:
         ``kv_cache_tokens`` sizes the KV pools (default: 32K tokens on the CPU, half of the free
         GPU memory on CUDA; requests that can never fit are refused with an error),
         ``page_size``, ``max_num_seqs`` (requests decoded together), ``max_prefill_tokens``,
-        ``max_model_len`` (default: the target's context) and ``cuda_graphs``. Every value is
+        ``max_model_len`` (default: the target's context), ``cuda_graphs`` and
+        ``admission_batch`` (seats free before new requests join a running batch). Every value is
         checked before anything loads (ValueError naming it)."""
         from ..models.default_model import gguf_source, resolve_model_path
         from ..models.drafters import resolve_draft_path
@@ -147,7 +149,8 @@ class Engine:
         given = {k: v for k, v in dict(
             kv_cache_tokens=kv_cache_tokens, page_size=page_size, max_num_seqs=max_num_seqs,
             max_prefill_tokens=max_prefill_tokens, max_model_len=max_model_len,
-            cuda_graphs=cuda_graphs).items() if v is not _DEFAULT}
+            cuda_graphs=cuda_graphs, admission_batch=admission_batch).items()
+            if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
         check_device(self.device)
@@ -175,7 +178,8 @@ class Engine:
         self.eos_ids = self.tokenizer.eos_token_ids | set(cfg.eos_token_ids)
         c = self.config
         self.cache = self._build_cache_manager()
-        self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_prefill_tokens)
+        self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_prefill_tokens,
+                                   c.admission_batch)
         use_graphs = c.cuda_graphs and self.device.type == "cuda"
         sizes = graph_sizes(c.max_num_seqs) if use_graphs else []
         self.runner = ModelRunner(self.target, self.draft, self.cache,

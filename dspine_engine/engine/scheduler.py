@@ -17,10 +17,13 @@ from .sequence import Sequence, Status
 
 
 class Scheduler:
-    def __init__(self, cache: CacheManager, max_num_seqs: int, max_prefill_tokens: int):
+    def __init__(self, cache: CacheManager, max_num_seqs: int, max_prefill_tokens: int,
+                 admission_batch: int = 1):
         self.cache = cache
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
+        self.admission_batch = admission_batch
+        self._budget_cut = False  # the last prefill stopped at max_prefill_tokens: go on
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -35,12 +38,20 @@ class Scheduler:
 
     def admit(self) -> list[Sequence]:
         """Moves waiting requests to running while pages, seats and the prefill budget allow,
-        and makes their prompts addressable."""
+        and makes their prompts addressable. While requests run, nothing is admitted until
+        ``admission_batch`` seats are free (each prefill step pauses every decode), unless the
+        previous prefill step was cut short by the token budget."""
         admitted, tokens = [], 0
+        free = self.max_num_seqs - len(self.running)
+        if (self.running and not self._budget_cut
+                and free < min(self.admission_batch, self.max_num_seqs)):
+            return admitted
+        self._budget_cut = False
         while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
             seq = self.waiting[0]
             n = len(seq.prompt_ids)
             if admitted and tokens + n > self.max_prefill_tokens:
+                self._budget_cut = True
                 break
             if not self.cache.admit(seq):
                 break  # FIFO: later requests wait behind it rather than starve it
