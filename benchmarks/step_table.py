@@ -1,6 +1,8 @@
 #!/usr/bin/env python
-"""End-to-end step table: how long one speculative round takes on a Qwen3-8B-shaped target with a
-5-layer DSpine draft, and how far that is from the time it takes just to read the weights.
+"""End-to-end step table: how long one speculative round takes on a Qwen3-8B-shaped target (or,
+with --target qwen3.8-27b, the Qwen3.8-27B-shaped hybrid: 48 Gated DeltaNet + 16 gated attention
+layers) with a 5-layer DSpine draft, and how far that is from the time it takes just to read the
+weights.
 
 Both models get random weights built directly in device memory (bf16 on CUDA, fp32 on the CPU)
 through the project's own loaders (`TargetModel.from_store` fed by a random weight store,
@@ -13,6 +15,11 @@ timed through the engine's own calls, which replay its CUDA graphs on CUDA:
 - draft:        `prepare_round` + `ModelRunner.propose` (the 16 context rows + block + walk);
 - verify:       `prepare_round` + `ModelRunner.verify` (target forward of 16 tokens per seq);
 - block verify: `ModelRunner.accept` (the block_verify op and the round's host sync);
+- commit:       hybrid target: the cache manager's ReplaySSM rollback of every linear layer
+                (conv window shift + replay of the accepted prefix onto the checkpoint, random
+                accepted lengths), and beside it the alternative of storing every per-token
+                state in the verify and copying the accepted one (benchmarks/gated_delta.py's
+                rollback rows, at the target's shape);
 - round:        `speculative_round` (all of the above, the cache manager and the bookkeeping).
 The "graph" numbers are the captured graphs replayed alone, without staging the inputs; draft
 and verify each include the staging, as a round pays it once before both.
@@ -20,12 +27,16 @@ and verify each include the staging, as a round pays it once before both.
 Times: warm-up, then the median of N runs, each starting from an idle device (a round starts
 after the previous round's sync) and timed with CUDA events (perf_counter on the CPU).
 Floor = (target + draft weight bytes) / copy bandwidth measured in the same run (read + write,
-benchmarks/kernels.py's measure_ceilings); the weights+KV floor adds the K/V the round reads.
+benchmarks/kernels.py's measure_ceilings); the weights+KV floor adds the K/V the round reads and,
+for a hybrid target, its recurrent state (the verify reads each layer's checkpoint, the commit
+reads and writes it again).
 
-    python benchmarks/step_table.py [--batches 1 8 32] [--contexts 1024 8192] [--iters N]
-                                    [--tiny] [--eager] [--out DIR]
+    python benchmarks/step_table.py [--target qwen3-8b|qwen3.8-27b] [--batches 1 8 32]
+                                    [--contexts 1024 8192] [--iters N] [--tiny] [--eager]
+                                    [--out DIR]
 
-Writes DIR/step_table_<device>.json (`_tiny` appended with --tiny) and prints a markdown table.
+Writes DIR/step_table_<device>[_<target>].json (`_tiny` appended with --tiny) and prints a
+markdown table.
 """
 from __future__ import annotations
 
@@ -48,6 +59,7 @@ from dspine_engine.engine.cache_manager import CacheManager, PagedKVSpec  # noqa
 from dspine_engine.engine.cuda_graphs import graph_sizes  # noqa: E402
 from dspine_engine.engine.engine import EngineStats, resolve_device  # noqa: E402
 from dspine_engine.engine.kv_cache import pages_for  # noqa: E402
+from dspine_engine.engine.recurrent_cache import RecurrentCache  # noqa: E402
 from dspine_engine.engine.runner import ModelRunner  # noqa: E402
 from dspine_engine.engine.sampling import SamplingParams  # noqa: E402
 from dspine_engine.engine.scheduler import Scheduler  # noqa: E402
@@ -56,7 +68,7 @@ from dspine_engine.engine.speculative import speculative_round  # noqa: E402
 from dspine_engine.models.config import TargetConfig  # noqa: E402
 from dspine_engine.models.draft_config import DraftConfig, evenly_spaced_layers  # noqa: E402
 from dspine_engine.models.dspine import DSpineDraft  # noqa: E402
-from dspine_engine.models.target import TargetModel  # noqa: E402
+from dspine_engine.models.target import TargetModel, target_class  # noqa: E402
 
 log = logging.getLogger("step_table")
 PAGE = 16  # the engine's default page size
@@ -70,6 +82,24 @@ QWEN3_8B = dict(architectures=["Qwen3ForCausalLM"], vocab_size=151936, hidden_si
 TINY_TARGET = dict(QWEN3_8B, vocab_size=1024, hidden_size=256, intermediate_size=512,
                    num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
                    head_dim=64, max_position_embeddings=2048)
+# Qwen3.8-27B's text_config (a Qwen3.5 hybrid: every 4th layer full attention with an output
+# gate and RoPE on a quarter of each head; the others Gated DeltaNet). The context is capped at
+# 32K here: the RoPE table and the graphs' block tables are sized by it, not the weights.
+QWEN38_27B = dict(architectures=["Qwen3_5ForCausalLM"], vocab_size=248320, hidden_size=5120,
+                  intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
+                  num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+                  linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+                  linear_conv_kernel_dim=4, full_attention_interval=4, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e7,
+                                   "partial_rotary_factor": 0.25},
+                  max_position_embeddings=32768, tie_word_embeddings=False)
+TINY_HYBRID = dict(QWEN38_27B, vocab_size=1024, hidden_size=256, intermediate_size=512,
+                   num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                   linear_key_head_dim=32, linear_value_head_dim=32,
+                   max_position_embeddings=2048)
+TARGETS = {"qwen3-8b": ("Qwen3-8B", QWEN3_8B, TINY_TARGET),
+           "qwen3.8-27b": ("Qwen3.8-27B", QWEN38_27B, TINY_HYBRID)}
 # The draft: DFlash's Qwen3-8B layout (5 layers tapping layers 1, 9, 17, 25, 33, block 16)
 # with DSpine's injection and transition head; window 8192 as in the released drafter.
 DSPINE_5L = dict(num_layers=5, num_taps=5, intermediate_size=12288, block_size=16,
@@ -83,6 +113,9 @@ DEFINITIONS = {
     "verify_ms": "prepare_round + ModelRunner.verify: target forward of 16 tokens per sequence",
     "*_graph_ms": "the captured CUDA graph replayed alone (inputs already staged)",
     "block_verify_ms": "ModelRunner.accept: the block_verify op + the round's host sync, greedy",
+    "commit_ms": "hybrid: the cache manager's ReplaySSM commit (conv shift + replay, all layers)",
+    "rollback": "hybrid: replay vs stored per-token states, cost per round beyond a plain verify "
+                "(benchmarks/gated_delta.py rollback_rows at the target's shape)",
     "round_ms": "speculative_round: cache manager + draft + verify + accept + bookkeeping",
     "floor_ms": "(target + draft weight bytes) / copy bandwidth (read + write)",
     "floor_kv_ms": "(weight bytes + K/V bytes the round reads) / copy bandwidth",
@@ -103,7 +136,7 @@ class RandomWeights:
         self.gen = torch.Generator(device).manual_seed(seed)
 
     def has(self, name: str) -> bool:
-        return True  # an untied lm_head included
+        return not name.endswith(".bias")  # an untied lm_head; optional biases left out
 
     def get(self, name: str, shape: tuple) -> torch.Tensor:
         if name.endswith("norm.weight"):
@@ -114,7 +147,7 @@ class RandomWeights:
 
 def build_target(shape: dict, device, dtype) -> TargetModel:
     cfg = TargetConfig.from_dict(shape)
-    return TargetModel.from_store(cfg, RandomWeights(device, dtype), device, dtype)
+    return target_class(cfg).from_store(cfg, RandomWeights(device, dtype), device, dtype)
 
 
 def draft_config(target: TargetConfig, spec: dict) -> DraftConfig:
@@ -155,12 +188,25 @@ def nbytes(tensors) -> int:
 
 
 def target_weight_bytes(target: TargetModel) -> int:
+    """Every tensor a layer holds (attention or linear attention), embeddings and the norm."""
     ts = [target.embed, target.lm_head, target.norm]
     for layer in target.layers:
-        ts += [layer.in_norm, layer.q_norm, layer.k_norm, layer.post_norm]
-        ts += [d.weight for d in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        ts += [layer.qkv.bias]
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor):
+                ts.append(value)
+            elif hasattr(value, "weight"):  # a Dense
+                ts += [value.weight, getattr(value, "bias", None)]
     return nbytes(ts)
+
+
+def recurrent_bytes(target: TargetModel, batch: int) -> int:
+    """Recurrent state a round moves: each linear layer's checkpoint read by the verify, then
+    read and written by the commit (0 for pure-attention targets)."""
+    cfg = target.config
+    if cfg.num_kv_layers == cfg.num_layers:
+        return 0
+    state = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    return 3 * batch * cfg.num_linear_layers * state
 
 
 def draft_weight_bytes(draft: DSpineDraft) -> int:
@@ -175,7 +221,7 @@ def kv_read_bytes(target: TargetModel, draft: DSpineDraft, batch: int, context: 
     draft_keys = min(context + blk, window + blk - 1) if window else context + blk
     elt = torch.finfo(target.dtype).bits // 8
     per_key = lambda layers, c: 2 * layers * c.num_kv_heads * c.head_dim * elt  # noqa: E731
-    target_kv = (context + blk) * per_key(t.num_layers, t)
+    target_kv = (context + blk) * per_key(t.num_kv_layers, t)
     return batch * (target_kv + draft_keys * per_key(d.num_layers, d))
 
 
@@ -229,10 +275,13 @@ def cache_manager(target: TargetModel, draft: DSpineDraft, batch: int, context: 
     blk = draft.config.block_size
     pages = batch * pages_for(context + 4 * blk, PAGE)
     t, d = target.config, draft.config
-    cache = CacheManager(PagedKVSpec("target", t.num_layers, t.num_kv_heads, t.head_dim),
+    recurrent = (RecurrentCache(target, batch, batch, blk) if t.num_kv_layers != t.num_layers
+                 else None)
+    cache = CacheManager(PagedKVSpec("target", t.num_kv_layers, t.num_kv_heads, t.head_dim),
                          PagedKVSpec("draft", d.num_layers, d.num_kv_heads, d.head_dim,
                                      window=d.sliding_window or 0),
-                         pages, PAGE, batch, context + 2 * blk, blk, target.dtype, target.device)
+                         pages, PAGE, batch, context + 2 * blk, blk, target.dtype, target.device,
+                         recurrent)
     for c in cache.caches:
         for tensor in c.kv.k + c.kv.v:
             tensor.normal_()
@@ -338,12 +387,29 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
     replay = graph_replay(runner, "verify", batch)
     row["verify_graph_ms"] = timed(replay) if replay else None
     row["block_verify_ms"] = timed(runner.accept)
+    row["commit_ms"] = None
+    recurrent = scheduler.cache.recurrent
+    if recurrent is not None:  # random accepted lengths, like a real round's
+        accepted = torch.randint(0, runner.block, (batch,)).numpy()
+        row["commit_ms"] = timed(lambda: recurrent.commit(b.seats, accepted))
 
     stats = EngineStats(accepted_by_position=[0] * (runner.block - 1))
     row["round_ms"] = timed(lambda: speculative_round(runner, scheduler, b.seqs, stats),
                             b.place)
     b.clear()
     return row
+
+
+def rollback_costs(runner: ModelRunner, args) -> list[dict]:
+    """Replay vs stored per-token states at the target's linear-layer shape, per batch."""
+    import gated_delta  # benchmarks/gated_delta.py, beside this file
+
+    cfg, dev = runner.target.config, runner.device
+    print("timing the rollback alternatives", file=sys.stderr, flush=True)
+    timer = gated_delta.make_timer(dev, args.iters)
+    return gated_delta.rollback_rows(dev, runner.target.dtype, args.batches, timer,
+                                     cfg.num_linear_layers, gated_delta.layer_shape(cfg),
+                                     runner.block)
 
 
 def add_floors(row: dict, weight_bytes: int, kv_bytes: int, gbps: float) -> dict:
@@ -370,7 +436,8 @@ def markdown(result: dict) -> str:
     head = [f"## End-to-end step table: {result['device']} ({result['date']}, commit "
             f"{result['commit']})", "",
             f"Command: `{result['command']}`", "",
-            f"Target: {t['name']} ({t['layers']} layers, hidden {t['hidden']}, {t['q_heads']}/"
+            f"Target: {t['name']} ({t['layers']} layers{t.get('hybrid', '')}, hidden "
+            f"{t['hidden']}, {t['q_heads']}/"
             f"{t['kv_heads']} heads x {t['head_dim']}, vocab {t['vocab']}), "
             f"{t['weight_bytes'] / 1e9:.2f} GB; draft: DSpine {d['layers']} layers tapping "
             f"{d['taps']}, block {d['block']}, window {d['window']}, "
@@ -380,16 +447,30 @@ def markdown(result: dict) -> str:
             f"(target + draft weight bytes) / bandwidth; +KV adds the K/V a round reads. "
             f"Draft / verify: the engine's runner calls (graph replay alone in parentheses).", ""]
     header = ["batch", "context", "prepare ms", "draft ms (graph)", "verify ms (graph)",
-              "block verify ms",
+              "block verify ms", "commit ms",
               "round ms", "verify % of round", "floor ms", "round / floor", "floor+KV ms",
               "round / floor+KV"]
     rows = [[r["batch"], r["context"], _ms(r.get("prepare_ms")),
              _ms(r["draft_ms"], r["draft_graph_ms"]),
              _ms(r["verify_ms"], r["verify_graph_ms"]), _ms(r["block_verify_ms"]),
-             _ms(r["round_ms"]), f"{100 * r['verify_share']:.0f}", _ms(r["floor_ms"]),
+             _ms(r.get("commit_ms")), _ms(r["round_ms"]), f"{100 * r['verify_share']:.0f}", _ms(r["floor_ms"]),
              f"{r['round_over_floor']:.2f}", _ms(r["floor_kv_ms"]),
              f"{r['round_over_floor_kv']:.2f}"] for r in result["rows"]]
-    return "\n".join(head + [markdown_table(header, rows)])
+    table = "\n".join(head + [markdown_table(header, rows)])
+    return table + rollback_markdown(result.get("rollback"))
+
+
+def rollback_markdown(rows) -> str:
+    if not rows:
+        return ""
+    body = [[r["batch"], f"{r['mean_accepted']:.1f}", f"{r['replay_round_us'] / 1e3:.3f}",
+             f"{r['stored_round_us'] / 1e3:.3f}", f"{r['replay_bytes_per_seq'] / 2**20:.1f}",
+             f"{r['stored_bytes_per_seq'] / 2**20:.0f}"] for r in rows]
+    return "\n\n" + "\n".join([
+        f"Rollback per round, all {rows[0]['layers']} linear layers (cost beyond a plain verify; "
+        "random accepted prefix; memory per sequence):", "",
+        markdown_table(["batch", "mean accepted", "replay ms", "stored states ms",
+                        "replay MiB / seq", "stored MiB / seq"], body)])
 
 
 def device_slug(device: torch.device, tiny: bool) -> str:
@@ -398,9 +479,16 @@ def device_slug(device: torch.device, tiny: bool) -> str:
     return slug + ("_tiny" if tiny else "")
 
 
-def describe(target: TargetModel, draft: DSpineDraft, tiny: bool) -> tuple[dict, dict]:
+def describe(target: TargetModel, draft: DSpineDraft, name: str,
+             tiny: bool) -> tuple[dict, dict]:
     t, d = target.config, draft.config
-    return ({"name": "tiny Qwen3-shaped" if tiny else "Qwen3-8B-shaped", "layers": t.num_layers,
+    hybrid = ""
+    if t.num_kv_layers != t.num_layers:
+        hybrid = (f": {t.num_linear_layers} Gated DeltaNet ({t.linear_num_key_heads}/"
+                  f"{t.linear_num_value_heads} heads x {t.linear_key_head_dim}) + "
+                  f"{t.num_kv_layers} gated attention")
+    return ({"name": f"tiny {name}-shaped" if tiny else f"{name}-shaped", "hybrid": hybrid,
+             "layers": t.num_layers,
              "hidden": t.hidden_size, "q_heads": t.num_heads, "kv_heads": t.num_kv_heads,
              "head_dim": t.head_dim, "intermediate": t.intermediate_size, "vocab": t.vocab_size,
              "qk_norm": t.qk_norm, "tied": t.tie_word_embeddings,
@@ -417,6 +505,8 @@ def describe(target: TargetModel, draft: DSpineDraft, tiny: bool) -> tuple[dict,
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--target", choices=sorted(TARGETS), default="qwen3-8b",
+                   help="target shape (qwen3.8-27b: the hybrid Gated DeltaNet target)")
     p.add_argument("--batches", type=int, nargs="+", help="default 1 8 32 (--tiny: 1 4)")
     p.add_argument("--contexts", type=int, nargs="+", help="default 1024 8192 (--tiny: 32 128)")
     p.add_argument("--iters", type=int, default=20, help="timed runs per number (median)")
@@ -436,7 +526,8 @@ def setup(args, device):
     """Models, KV pools, the engine's runner and scheduler, and its CUDA graphs."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     print("building the models (random weights)", file=sys.stderr, flush=True)
-    target = build_target(TINY_TARGET if args.tiny else QWEN3_8B, device, dtype)
+    _, full, tiny = TARGETS[args.target]
+    target = build_target(tiny if args.tiny else full, device, dtype)
     draft = build_draft(target, TINY_DRAFT if args.tiny else DSPINE_5L)
     max_b, max_ctx = max(args.batches), max(args.contexts)
     cache = cache_manager(target, draft, max_b, max_ctx)
@@ -456,20 +547,25 @@ def main(argv=None) -> int:
     info["command"] = "python benchmarks/step_table.py " + " ".join(cmd)
     ceilings = measure_bandwidth(device)  # first, while the card's memory is free
     runner, scheduler, graphs = setup(args, device)
-    target_info, draft_info = describe(runner.target, runner.draft, args.tiny)
+    label = TARGETS[args.target][0]
+    target_info, draft_info = describe(runner.target, runner.draft, label, args.tiny)
     weight_bytes = target_info["weight_bytes"] + draft_info["weight_bytes"]
     result = dict(info, cuda=torch.version.cuda, tiny=args.tiny, dtype=str(runner.target.dtype)
                   .replace("torch.", ""), cuda_graphs=bool(graphs), iters=args.iters,
                   warmup=args.warmup, ceilings=ceilings, target=target_info, draft=draft_info,
                   weight_bytes=weight_bytes, definitions=DEFINITIONS, rows=[], complete=False)
-    name = f"step_table_{device_slug(device, args.tiny)}"
+    suffix = "" if args.target == "qwen3-8b" else "_" + args.target.replace(".", "")
+    name = f"step_table_{device_slug(device, args.tiny)}{suffix}"
     configs = [(b, c) for c in args.contexts for b in args.batches]
     for batch, context in (bar := tqdm(configs, desc="step table", unit="cfg")):
         bar.set_postfix(batch=batch, context=context)
         row = bench_config(runner, scheduler, batch, context, args.iters, args.warmup)
-        kv = kv_read_bytes(runner.target, runner.draft, batch, context)
+        kv = (kv_read_bytes(runner.target, runner.draft, batch, context)
+              + recurrent_bytes(runner.target, batch))
         result["rows"].append(add_floors(row, weight_bytes, kv, ceilings["copy_GBps"]))
         save_json(name, result, args.out)  # a killed run keeps the rows it finished
+    if scheduler.cache.recurrent is not None:
+        result["rollback"] = rollback_costs(runner, args)
     result["complete"] = True
     path = save_json(name, result, args.out)
     print(markdown(result))

@@ -93,12 +93,3 @@ def test_partial_rope_table_rotates_only_the_leading_pairs():
     assert torch.equal(cs[:, :4], full8[:, :4]) and torch.equal(cs[:, 16:20], full8[:, 4:])
     assert (cs[:, 4:16] == 1).all() and (cs[:, 20:] == 0).all()
 
-
-def test_engine_refuses_hybrid_targets_until_their_state_cache_exists(tmp_path, smollm2_dir):
-    from dspine_engine import Engine
-    from tiny_models import write_tiny_hybrid
-
-    path = write_tiny_hybrid(tmp_path / "m", "qwen3_5", smollm2_dir, num_hidden_layers=2,
-                             layer_types=["linear_attention", "full_attention"])
-    with pytest.raises(ModelConfigError, match="not served by the engine yet"):
-        Engine(path, progress=False)

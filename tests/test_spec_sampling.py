@@ -23,7 +23,9 @@ SAMPLES = 6000
 PROMPT = [3, 1, 4, 1, 5]
 
 
-def _tiny_vocab_model(path):
+def _tiny_vocab_model(path, hybrid: bool = False):
+    """A 16-token target (Llama, or with ``hybrid`` a Qwen3.5 of one Gated DeltaNet and one
+    gated attention layer) and a random DSpine draft for it."""
     import transformers as tf
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -34,10 +36,18 @@ def _tiny_vocab_model(path):
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t15"}))
     torch.manual_seed(5)
-    cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=128, eos_token_id=15, tie_word_embeddings=True)
-    model = tf.LlamaForCausalLM(cfg)
+    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                 eos_token_id=15, tie_word_embeddings=True)
+    if hybrid:
+        from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(
+            head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4,
+            layer_types=["linear_attention", "full_attention"], **shape)).float()
+    else:
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**shape))
     with torch.no_grad():  # sharpen the distribution a little so it is far from uniform
         model.model.embed_tokens.weight.mul_(6)
     model.save_pretrained(path)
@@ -53,6 +63,12 @@ def _tiny_vocab_model(path):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     return _tiny_vocab_model(tmp_path_factory.mktemp("tinyvocab"))
+
+
+@pytest.fixture(scope="module")
+def tiny_hybrid(tmp_path_factory):
+    pytest.importorskip("transformers.models.qwen3_5")
+    return _tiny_vocab_model(tmp_path_factory.mktemp("tinyvocab_hybrid"), hybrid=True)
 
 
 def _draw(engine, params_for, n=SAMPLES, length=4):
@@ -85,8 +101,7 @@ def _outcomes(samples):
     return [(s[1], s[2]) for s in samples], [s[3] for s in samples]
 
 
-@pytest.mark.parametrize("filters", [dict(), dict(top_k=6, top_p=0.9)])
-def test_speculative_sampling_matches_target_distribution(tiny, filters):
+def _check_distribution(tiny, filters):
     ar = Engine(tiny, progress=False, max_num_seqs=512)
     spec = Engine(tiny, draft=tiny / "draft", progress=False, max_num_seqs=512)
     mk = lambda seed0: lambda i: SamplingParams(max_tokens=4, temperature=1.0, seed=seed0 + i,
@@ -98,6 +113,18 @@ def test_speculative_sampling_matches_target_distribution(tiny, filters):
     assert 0.05 < accepted[0] < 0.95, "the draft must be accepted sometimes and rejected sometimes"
     assert _homogeneous(a_pairs, s_pairs) > ALPHA
     assert _homogeneous(a_last, s_last) > ALPHA
+
+
+@pytest.mark.parametrize("filters", [dict(), dict(top_k=6, top_p=0.9)])
+def test_speculative_sampling_matches_target_distribution(tiny, filters):
+    _check_distribution(tiny, filters)
+
+
+def test_speculative_sampling_on_a_hybrid_target_matches_its_distribution(tiny_hybrid):
+    """The same test on a Gated DeltaNet target: the rollback of rejected drafts out of the
+    recurrent state must not bias later tokens (the 4th token comes from a second round, after a
+    rollback, whenever the first accepts fewer than two drafts)."""
+    _check_distribution(tiny_hybrid, dict())
 
 
 def test_the_statistical_test_catches_a_wrong_residual(tiny, monkeypatch):

@@ -4,9 +4,10 @@ Driven by the scheduler alone: `admit` (reserve the worst case and a seat), `pre
 `prepare_round` (make the positions a step writes addressable), `commit` (after verification:
 lengths, rollback, the draft's window) and `release`. Model-side caches are described by specs:
 `PagedKVSpec` (paged K/V of one model's attention layers, with an optional sliding window) is
-what exists today; another kind (a recurrent-state spec for hybrid linear-attention targets, with
-a round checkpoint and replay of the accepted prefix) implements the same five calls on the
-seats and lengths the manager passes, without touching the scheduler or the loop.
+one kind; a hybrid target's linear-attention layers add a `RecurrentCache` (recurrent_cache.py:
+one state slot per sequence, the round's checkpoint and replay of the accepted prefix), driven
+by the same calls on the seats and lengths the manager passes, without touching the scheduler or
+the loop.
 
 State lives in per-seat numpy arrays, so a round's bookkeeping is vectorised over the batch and
 Python loops only over the few sequences that gain or lose a page. Lengths (one owner):
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from .kv_cache import KVCache, KVCacheFullError, pages_for
+from .recurrent_cache import RecurrentCache
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,8 @@ class PagedCache:
             self._deltas[seat * self.max_pages + col] = page
 
     # ------------------------------------------------------------------ the manager's calls
-    # (what every cache kind implements; a recurrent-state cache would checkpoint its state in
-    # prepare_round and replay the accepted prefix in commit)
+    # (the recurrent-state cache needs no prepare step: its slot exists from admission, the
+    # verify forward keeps the checkpoint itself, and its commit replays the accepted prefix)
     def prepare_prefill(self, seats: np.ndarray, lens: np.ndarray) -> None:
         self.ensure(seats, lens, self.spec.first_needed(lens))
 
@@ -189,7 +191,10 @@ class PagedCache:
 class CacheManager:
     def __init__(self, target: PagedKVSpec, draft: PagedKVSpec | None, num_pages: int,
                  page_size: int, max_seats: int, max_position: int, block: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device,
+                 recurrent: RecurrentCache | None = None):
+        """``recurrent``: a hybrid target's recurrent-state cache (a slot per running sequence,
+        taken at admission like the pages)."""
         max_pages = pages_for(max_position, page_size)
         self.block = block
         self.page_size = page_size
@@ -200,6 +205,7 @@ class CacheManager:
         self.draft = (PagedCache(draft, num_pages, page_size, max_seats, max_pages, dtype,
                                  device) if draft is not None else None)
         self.caches = [c for c in (self.target, self.draft) if c is not None]
+        self.recurrent = recurrent
         n = max_seats + 1
         self.kv_len = np.zeros(n, np.int64)
         self.draft_len = np.zeros(n, np.int64)
@@ -227,7 +233,10 @@ class CacheManager:
                  for c in self.caches]
         if not self._free_seats or any(c.pool.available < n for c, n in zip(self.caches, needs)):
             return False
-        seat = self._free_seats.pop()
+        seat = self._free_seats[-1]
+        if self.recurrent is not None and not self.recurrent.admit(seat):
+            return False  # every state slot is taken: wait for a sequence to finish
+        self._free_seats.pop()
         for c, n in zip(self.caches, needs):
             c.reserve(seat, n)
         seq.seat = seat
@@ -240,6 +249,8 @@ class CacheManager:
             return
         for c in self.caches:
             c.release(seat)
+        if self.recurrent is not None:
+            self.recurrent.release(seat)
         self.kv_len[seat] = self.draft_len[seat] = self.pending[seat] = 0
         self._free_seats.append(seat)
         seq.seat = None
@@ -286,10 +297,14 @@ class CacheManager:
             self.pending[seats] = accepted + 1
         for c in self.caches:
             c.commit(seats, new_len)
+        if self.recurrent is not None:
+            self.recurrent.commit(seats, accepted)
 
     def flush(self) -> None:
         for c in self.caches:
             c.flush()
+        if self.recurrent is not None:
+            self.recurrent.flush()
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, seqs) -> None:
@@ -303,3 +318,5 @@ class CacheManager:
                 assert self.draft_len[s.seat] + self.pending[s.seat] == anchor_pos
             for c in self.caches:
                 assert c.live[s.seat] <= c.reserved[s.seat]
+            if self.recurrent is not None:
+                assert self.recurrent.slot(s.seat) >= 0, s.request_id

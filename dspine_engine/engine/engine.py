@@ -23,7 +23,7 @@ from typing import Iterator
 import torch
 from tqdm.auto import tqdm
 
-from ..models.config import ModelConfigError, TargetConfig
+from ..models.config import TargetConfig
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from ..models.tokenizer import Tokenizer
@@ -36,6 +36,7 @@ from .handles import RequestHandle
 from .kv_cache import KVCache, KVCacheFullError
 from .outputs import GenerationResult, RequestOutput, RequestStats
 from .prompts import prompt_to_ids
+from .recurrent_cache import RecurrentCache
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
@@ -163,9 +164,6 @@ class Engine:
         self.target = (load_gguf_target(gguf_path, progress) if self.quantized else
                        TargetModel.load(target_dir, self.device, self.dtype, progress=progress))
         cfg: TargetConfig = self.target.config
-        if cfg.num_kv_layers != cfg.num_layers:
-            raise ModelConfigError("hybrid (Gated DeltaNet) targets are not served by the engine "
-                                   "yet: their recurrent-state cache is still to come")
         self.draft = None
         if draft is not None:
             self.draft = DSpineDraft.load(resolve_draft_path(draft), self.device, self.dtype,
@@ -234,7 +232,8 @@ class Engine:
 
     def _build_cache_manager(self) -> CacheManager:
         cfg, c = self.target.config, self.config
-        target = PagedKVSpec("target", cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        recurrent = self._build_recurrent_cache()  # first: the K/V pools take what is left
+        target = PagedKVSpec("target", cfg.num_kv_layers, cfg.num_kv_heads, cfg.head_dim)
         draft = None
         if self.draft is not None:
             d = self.draft.config
@@ -243,7 +242,32 @@ class Engine:
         kv_tokens = c.kv_cache_tokens or self._default_kv_tokens(c.page_size)
         return CacheManager(target, draft, max(1, kv_tokens // c.page_size), c.page_size,
                             c.max_num_seqs, c.max_position, c.block_size, self.dtype,
-                            self.device)
+                            self.device, recurrent)
+
+    def _build_recurrent_cache(self) -> RecurrentCache | None:
+        """Hybrid targets: a recurrent-state slot for each of max_num_seqs sequences; on a GPU
+        at most what half of the free memory holds (admission then waits for a free slot)."""
+        if self.target.config.num_kv_layers == self.target.config.num_layers:
+            return None
+        c = self.config
+        slots = c.max_num_seqs
+        per_slot = RecurrentCache.bytes_per_slot(self.target, c.block_size)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            slots = min(slots, int(free * 0.5 // per_slot))
+            if slots < 1:
+                raise KVCacheFullError(
+                    f"the recurrent state of one sequence ({per_slot / 2**20:.0f} MiB) does not "
+                    f"fit in half of the free GPU memory ({free / 2**20:.0f} MiB)")
+            if slots < c.max_num_seqs:
+                log.warning("recurrent state for %d sequences (%.1f MiB each) fits the GPU, "
+                            "below max_num_seqs=%d", slots, per_slot / 2**20, c.max_num_seqs)
+        return RecurrentCache(self.target, slots, c.max_num_seqs, c.block_size)
+
+    @property
+    def recurrent(self) -> RecurrentCache | None:
+        """The hybrid target's recurrent-state cache (None for pure-attention targets)."""
+        return self.cache.recurrent
 
     @property
     def target_kv(self) -> KVCache:
@@ -257,7 +281,7 @@ class Engine:
         if self.device.type != "cuda":
             return 32768
         cfg = self.target.config
-        per_page = KVCache.bytes_per_page(cfg.num_layers, page_size, cfg.num_kv_heads,
+        per_page = KVCache.bytes_per_page(cfg.num_kv_layers, page_size, cfg.num_kv_heads,
                                           cfg.head_dim, self.dtype)
         if self.draft is not None:
             d = self.draft.config

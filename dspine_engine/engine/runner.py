@@ -76,6 +76,9 @@ class ModelRunner:
         meta = AttnMeta(self._ints(positions), self._ints(slots),
                         self._tables(self.cache.target, self._ints(seats), width),
                         self._ints(lens), self._ints(cu), max(lens), causal=True)
+        if self.cache.recurrent is not None:  # prompts run through the state, no checkpoint
+            meta.recurrent = self.cache.recurrent.meta(
+                self._ints(self.cache.recurrent.slots(seats)), checkpoint=False)
         last_rows = self._ints(cu[1:] - 1, torch.long)
         return self.target.forward(self._ints(tokens, torch.long), meta, self.target_kv.k,
                                    self.target_kv.v, logit_rows=last_rows, tap_layers=self.taps)
@@ -204,6 +207,10 @@ class ModelRunner:
     def _verify_body(self, n: int, width: int) -> torch.Tensor:
         d, blk = self.inputs.dev, self.block
         meta, _, _, _ = self._block_meta(self.cache.target, n, width, causal=True)
+        if self.cache.recurrent is not None:  # from the round's checkpoint, filling the rings
+            rec = self.cache.recurrent
+            meta.recurrent = rec.meta(rec.slot_of_seat.index_select(0, d["seats"][:n]),
+                                      checkpoint=True)
         anchors = d["anchors"][:n].long()
         tokens = anchors if blk == 1 else torch.cat([anchors[:, None], self.inputs.drafts[:n]], 1)
         logits, taps = self.target.forward(tokens.reshape(-1), meta, self.target_kv.k,

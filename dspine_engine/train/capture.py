@@ -27,7 +27,7 @@ class TargetCapture:
         self.tap_layers = tuple(tap_layers)
         self.page_size = page_size
         self.num_pages = pages_for(max_tokens, page_size) + 1
-        self.kv = KVCache(cfg.num_layers, self.num_pages, page_size, cfg.num_kv_heads,
+        self.kv = KVCache(cfg.num_kv_layers, self.num_pages, page_size, cfg.num_kv_heads,
                           cfg.head_dim, target.dtype, target.device)
 
     def prefill_meta(self, lengths: list[int]) -> AttnMeta:

@@ -1,0 +1,257 @@
+#!/usr/bin/env python
+"""Gated DeltaNet kernels and ReplaySSM rollback, on the linear-attention layer of a
+Qwen3.8-27B-shaped hybrid target (16 key / 48 value heads of 128, conv over 10240 channels,
+48 linear layers, verify block 16).
+
+Two tables:
+- kernels: our ops against the PyTorch reference of dspine_engine.ops and transformers' torch
+  implementation (torch_recurrent/chunk_gated_delta_rule, causal_conv1d_fn) for decode, a verify
+  block, the replay, prefill and the conv, with the state bytes each moves;
+- rollback per round: what keeping the round undoable costs, summed over the 48 layers:
+  * replay (chosen): the verify records (k^, u, g) per token in a ring and leaves the checkpoint,
+    then the accepted prefix is replayed onto it (gated_delta_replay, all layers in one call);
+  * stored states: the verify writes the state after every token (B states per layer and
+    sequence) and the accepted one is copied into the slot (SGLang's approach).
+  Each is timed as (verify recurrence + rollback) minus the plain verify recurrence, for a
+  uniformly random accepted prefix; the memory each needs per sequence is reported too.
+
+Times: median of --iters runs (CUDA: L2 flushed before each run, benchmarks/kernels.py's Timer;
+CPU: perf_counter). CUDA runs in bf16 activations with the fp32 state; the CPU in fp32 on
+smaller batches (--cpu-batches) and fewer layers (the per-layer cost is what scales).
+
+    python benchmarks/gated_delta.py [--batches 1 8 32] [--iters N] [--out DIR]
+
+Writes DIR/gated_delta_<device>.json and prints markdown tables.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, markdown_table, run_info, save_json  # noqa: E402
+
+from dspine_engine import ops  # noqa: E402
+from dspine_engine.engine.engine import resolve_device  # noqa: E402
+
+# The linear-attention layer of Qwen3.8-27B (its config.json's text_config).
+LAYER = dict(hk=16, hv=48, dk=128, dv=128, kernel=4, layers=48)
+BLOCK = 16
+EMPTY = torch.empty(0)
+
+
+def layer_shape(cfg) -> dict:
+    """LAYER's fields for another hybrid config (step_table.py's targets)."""
+    return dict(hk=cfg.linear_num_key_heads, hv=cfg.linear_num_value_heads,
+                dk=cfg.linear_key_head_dim, dv=cfg.linear_value_head_dim,
+                kernel=cfg.conv_kernel, layers=cfg.num_linear_layers)
+
+
+def make_timer(device, iters: int):
+    """fn -> median microseconds."""
+    if device.type == "cuda":
+        import kernels  # benchmarks/kernels.py: L2 flushed before each run
+
+        return kernels.Timer(iters=iters)
+
+    def cpu_timer(fn, iters=iters):
+        fn()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+    return cpu_timer
+
+
+class Layer:
+    """Random inputs of one linear layer for `batch` sequences of `n` tokens each."""
+
+    def __init__(self, batch: int, n: int, device, dtype, slots: int | None = None,
+                 ring: int = 0, seed: int = 0, shape: dict = LAYER):
+        g = torch.Generator(device).manual_seed(seed)
+        hk, hv, dk, dv = shape["hk"], shape["hv"], shape["dk"], shape["dv"]
+        rows = batch * n
+        rnd = lambda *s: torch.randn(*s, generator=g, device=device)  # noqa: E731
+        self.q, self.k = rnd(rows, hk, dk).to(dtype), rnd(rows, hk, dk).to(dtype)
+        self.v = rnd(rows, hv, dv).to(dtype)
+        self.a, self.b = rnd(rows, hv).to(dtype), rnd(rows, hv).to(dtype)
+        self.a_log = torch.empty(hv, device=device).uniform_(1, 16, generator=g).log()
+        self.dt_bias = rnd(hv) * 0.5
+        self.state = rnd(slots or batch, hv, dk, dv) * 0.05
+        self.slots = torch.arange(batch, dtype=torch.int32, device=device)
+        self.cu = torch.arange(0, rows + 1, n, dtype=torch.int32, device=device)
+        self.n, self.batch = n, batch
+        f32 = dict(dtype=torch.float32, device=device)
+        self.ring = (torch.zeros(slots or batch, ring, hk, dk, **f32),
+                     torch.zeros(slots or batch, ring, hv, dv, **f32),
+                     torch.zeros(slots or batch, ring, hv, **f32)) if ring else (EMPTY,) * 3
+
+    def inputs(self):
+        return (self.q, self.k, self.v, self.a, self.b, self.a_log, self.dt_bias)
+
+    def recurrent(self, states_out=EMPTY, ring=None, fn=ops.gated_delta_recurrent):
+        return fn(*self.inputs(), self.state, self.slots, self.cu, self.n,
+                  *(ring or (EMPTY,) * 3), states_out)
+
+    def chunk(self, fn=ops.gated_delta_chunk):
+        return fn(*self.inputs(), self.state, self.slots, self.cu, self.n)
+
+    def hf_inputs(self):
+        """transformers' layout: [batch, tokens, heads, dim], g and beta precomputed."""
+        shape = lambda t: t.view(self.batch, self.n, *t.shape[1:])  # noqa: E731
+        g = -self.a_log.exp() * torch.nn.functional.softplus(self.a.float() + self.dt_bias)
+        return (shape(self.q), shape(self.k), shape(self.v), shape(g),
+                shape(self.b.float().sigmoid()))
+
+
+def state_bytes(batch: int, shape: dict = LAYER) -> int:
+    return batch * shape["hv"] * shape["dk"] * shape["dv"] * 4
+
+
+def kernel_rows(device, dtype, batches, timer, with_reference: bool) -> list[dict]:
+    from transformers.models.qwen3_next.modeling_qwen3_next import (
+        causal_conv1d_fn, torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule)
+
+    rows = []
+
+    def add(name, batch, tokens, moved, ours, ref=None, hf=None):
+        us = timer(ours)
+        row = dict(op=name, batch=batch, tokens=tokens, ours_us=us,
+                   ours_GBps=moved / us / 1e3 if moved else None,
+                   reference_us=timer(ref, iters=3) if (ref and with_reference) else None,
+                   transformers_us=timer(hf, iters=5) if hf else None)
+        rows.append(row)
+
+    for batch in batches:
+        one = Layer(batch, 1, device, dtype)
+        add("decode (recurrent, in place)", batch, 1, 2 * state_bytes(batch), one.recurrent,
+            lambda: one.recurrent(fn=ops.gated_delta_recurrent_ref),
+            lambda: torch_recurrent_gated_delta_rule(*one.hf_inputs(), initial_state=one.state,
+                                                     output_final_state=True,
+                                                     use_qk_l2norm_in_kernel=True))
+        blk = Layer(batch, BLOCK, device, dtype, ring=BLOCK)
+        add("verify block 16 (ring, checkpoint kept)", batch, BLOCK, state_bytes(batch),
+            lambda: blk.recurrent(ring=blk.ring),
+            lambda: blk.recurrent(ring=blk.ring, fn=ops.gated_delta_recurrent_ref),
+            lambda: torch_recurrent_gated_delta_rule(*blk.hf_inputs(), initial_state=blk.state,
+                                                     output_final_state=True,
+                                                     use_qk_l2norm_in_kernel=True))
+        accepted = torch.full((batch,), BLOCK // 2, dtype=torch.int32, device=device)
+        add("replay 8 of 16 (one layer)", batch, BLOCK // 2, 2 * state_bytes(batch),
+            lambda: ops.gated_delta_replay(blk.state, *blk.ring, blk.slots, accepted),
+            lambda: ops.gated_delta_replay_ref(blk.state, *blk.ring, blk.slots, accepted))
+        conv_dim = 2 * LAYER["hk"] * LAYER["dk"] + LAYER["hv"] * LAYER["dv"]
+        x = torch.randn(batch * BLOCK, conv_dim, device=device).to(dtype)
+        w = torch.randn(conv_dim, LAYER["kernel"], device=device).to(dtype)
+        window = torch.zeros(batch, LAYER["kernel"] - 1 + BLOCK, conv_dim, device=device,
+                             dtype=dtype)
+        cu = torch.arange(0, batch * BLOCK + 1, BLOCK, dtype=torch.int32, device=device)
+        slots = torch.arange(batch, dtype=torch.int32, device=device)
+        add("conv1d, verify block 16", batch, BLOCK, None,
+            lambda: ops.causal_conv1d(x, w, window, slots, cu, BLOCK, True),
+            lambda: ops.causal_conv1d_ref(x, w, window, slots, cu, BLOCK, True),
+            lambda: causal_conv1d_fn(x.view(batch, BLOCK, -1).transpose(1, 2), w,
+                                     activation="silu"))
+    for batch, n in ((1, 4096), (4, 1024)) if device.type == "cuda" else ((1, 256),):
+        pre = Layer(batch, n, device, dtype)
+        add(f"prefill {n} tokens (chunked)", batch, n, 2 * state_bytes(batch), pre.chunk,
+            lambda: pre.chunk(fn=ops.gated_delta_chunk_ref),
+            lambda: torch_chunk_gated_delta_rule(*pre.hf_inputs(), initial_state=pre.state,
+                                                 output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True))
+    return rows
+
+
+def rollback_rows(device, dtype, batches, timer, layers: int, shape: dict = LAYER,
+                  block: int = BLOCK) -> list[dict]:
+    """Per round, over `layers` linear layers: replay vs stored states, beyond a plain verify
+    (memory per sequence for all of the shape's layers)."""
+    rows = []
+    hv, dk, dv = shape["hv"], shape["dk"], shape["dv"]
+    for batch in batches:
+        blk = Layer(batch, block, device, dtype, ring=block, shape=shape)
+        gen = torch.Generator().manual_seed(batch)
+        accepted = torch.randint(1, block + 1, (batch,), generator=gen, dtype=torch.int32)
+        accepted = accepted.to(device)
+        # Every layer's state and ring stacked, as RecurrentState keeps them.
+        stack_state = blk.state.expand(layers, *blk.state.shape).contiguous()
+        stack_ring = [r.expand(layers, *r.shape).contiguous() for r in blk.ring]
+        stored = torch.empty(batch * block, hv, dk, dv, device=device)
+        pick = (torch.arange(batch, device=device) * block + accepted.long() - 1)
+
+        verify_us = timer(lambda: blk.recurrent())  # no ring: the cost every variant pays
+        ring_verify_us = timer(lambda: blk.recurrent(ring=blk.ring))
+        replay_us = timer(lambda: ops.gated_delta_replay(stack_state, *stack_ring, blk.slots,
+                                                         accepted))
+        stored_verify_us = timer(lambda: blk.recurrent(states_out=stored))
+        copy_us = timer(lambda: blk.state.index_copy_(0, blk.slots.long(), stored[pick]))
+        ring_bytes = block * (shape["hk"] * dk + hv * dv + hv) * 4
+        rows.append(dict(
+            batch=batch, layers=layers, mean_accepted=float(accepted.float().mean()),
+            verify_us_per_layer=verify_us,
+            replay_round_us=layers * (ring_verify_us - verify_us) + replay_us,
+            stored_round_us=layers * (stored_verify_us - verify_us + copy_us),
+            replay_bytes_per_seq=shape["layers"] * ring_bytes,
+            stored_bytes_per_seq=shape["layers"] * block * hv * dk * dv * 4))
+    return rows
+
+
+def markdown(result: dict) -> str:
+    kern = [[r["op"], r["batch"], f"{r['ours_us']:.1f}",
+             "-" if r["ours_GBps"] is None else f"{r['ours_GBps']:.0f}",
+             "-" if r["reference_us"] is None else f"{r['reference_us']:.0f}",
+             "-" if r["transformers_us"] is None else f"{r['transformers_us']:.0f}"]
+            for r in result["kernels"]]
+    roll = [[r["batch"], r["layers"], f"{r['mean_accepted']:.1f}",
+             f"{r['replay_round_us']:.0f}", f"{r['stored_round_us']:.0f}",
+             f"{r['replay_bytes_per_seq'] / 2**20:.1f}",
+             f"{r['stored_bytes_per_seq'] / 2**20:.0f}"] for r in result["rollback"]]
+    return "\n".join([
+        f"## Gated DeltaNet kernels: {result['device']} ({result['date']}, commit "
+        f"{result['commit']})", "", f"Command: `{result['command']}`", "",
+        "Qwen3.8-27B linear layer (16/48 heads x 128), " + result["dtype"] + " activations, fp32 "
+        "state; GB/s = state bytes read (+ written) / time.", "",
+        markdown_table(["op", "batch", "ours us", "ours GB/s", "PyTorch reference us",
+                        "transformers torch us"], kern), "",
+        "Rollback per round (verify block 16, random accepted prefix; cost beyond a plain "
+        "verify; memory for all 48 layers):", "",
+        markdown_table(["batch", "layers timed", "mean accepted", "replay us / round",
+                        "stored states us / round", "replay MB / seq", "stored MB / seq"],
+                       roll)])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", type=int, nargs="+", help="default 1 8 32 (CPU: 1 2)")
+    p.add_argument("--layers", type=int, help="layers in the rollback sum (default 48; CPU 4)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--no-reference", action="store_true", help="skip the (slow) references")
+    p.add_argument("--out", default=str(RESULTS))
+    args = p.parse_args(argv)
+    device = resolve_device(None)
+    cuda = device.type == "cuda"
+    batches = args.batches or ([1, 8, 32] if cuda else [1, 2])
+    layers = args.layers or (LAYER["layers"] if cuda else 4)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    timer = make_timer(device, args.iters)
+    info = run_info(str(device))
+    result = dict(info, dtype=str(dtype).replace("torch.", ""), layer=LAYER, block=BLOCK,
+                  iters=args.iters)
+    result["rollback"] = rollback_rows(device, dtype, batches, timer, layers)
+    result["kernels"] = kernel_rows(device, dtype, batches, timer, not args.no_reference)
+    slug = "cpu" if not cuda else torch.cuda.get_device_name(device).split()[-1].lower()
+    path = save_json(f"gated_delta_{slug}", result, args.out)
+    print(markdown(result))
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
