@@ -463,14 +463,18 @@ def markdown(result: dict) -> str:
 def rollback_markdown(rows) -> str:
     if not rows:
         return ""
-    body = [[r["batch"], f"{r['mean_accepted']:.1f}", f"{r['replay_round_us'] / 1e3:.3f}",
-             f"{r['stored_round_us'] / 1e3:.3f}", f"{r['replay_bytes_per_seq'] / 2**20:.1f}",
+    ms = lambda us: f"{us / 1e3:.3f}"  # noqa: E731
+    body = [[r["batch"], f"{r['mean_accepted']:.1f}", ms(r["plain_round_us"]),
+             ms(r["replay_round_us"]), ms(r["replay_us"]), ms(r["stored_round_us"]),
+             ms(r["copy_us"]), f"{r['replay_bytes_per_seq'] / 2**20:.1f}",
              f"{r['stored_bytes_per_seq'] / 2**20:.0f}"] for r in rows]
     return "\n\n" + "\n".join([
-        f"Rollback per round, all {rows[0]['layers']} linear layers (cost beyond a plain verify; "
-        "random accepted prefix; memory per sequence):", "",
-        markdown_table(["batch", "mean accepted", "replay ms", "stored states ms",
-                        "replay MiB / seq", "stored MiB / seq"], body)])
+        f"Rollback per round, all {rows[0]['layers']} linear layers: the verify recurrence that "
+        "keeps the round undoable + its rollback (random accepted prefix), beside the plain "
+        "in-place recurrence; memory per sequence (benchmarks/gated_delta.py):", "",
+        markdown_table(["batch", "mean accepted", "plain verify ms", "ring verify + replay ms",
+                        "of which replay ms", "stored verify + copy ms", "of which copy ms",
+                        "ring MiB / seq", "stored MiB / seq"], body)])
 
 
 def device_slug(device: torch.device, tiny: bool) -> str:

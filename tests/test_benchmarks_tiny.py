@@ -34,6 +34,25 @@ def test_step_table_tiny(tmp_path, capsys):
     assert "| batch | context |" in table and str(path) in table
 
 
+def test_step_table_tiny_hybrid_target(tmp_path, capsys):
+    """The hybrid target's table: the ReplaySSM commit timed in every row, the rollback
+    alternatives (replay vs stored states) at its shape, the recurrent state in the floor."""
+    assert step_table.main(["--tiny", "--target", "qwen3.8-27b", "--batches", "2", "--contexts",
+                            "32", "--iters", "1", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("step_table_*_tiny_qwen38-27b.json")
+    result = json.loads(path.read_text())
+    assert "Gated DeltaNet" in result["target"]["hybrid"]
+    (row,) = result["rows"]
+    for key in TIMES + ("commit_ms",):
+        assert math.isfinite(row[key]) and row[key] > 0, (key, row)
+    (roll,) = result["rollback"]
+    assert roll["batch"] == 2 and roll["layers"] == 6
+    assert 0 < roll["replay_bytes_per_seq"] < roll["stored_bytes_per_seq"]
+    for key in ("plain_round_us", "replay_round_us", "stored_round_us"):
+        assert math.isfinite(roll[key]) and roll[key] > 0, (key, roll)
+    assert "ring verify + replay ms" in capsys.readouterr().out
+
+
 def test_train_vs_engine_tau_on_a_tiny_target(tiny_llama, tmp_path):
     """Both numbers on the same data: a tiny target, a random draft, self-generated records."""
     import train_vs_engine_tau
