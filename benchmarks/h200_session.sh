@@ -21,6 +21,8 @@
 #   measure     acceptance on HumanEval/MT-Bench at T=0/1 for both drafters, GPU lossless
 #               check, end to end AR vs DSpine vs DFlash, the step table, training speed;
 #               returns results + drafters.                                          ~8 min
+#               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
+#               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
 # Results come back in $OUT/results.tar.gz; each drafter's shards as their own files (<= 15 MiB).
 # Continuing (the accumulating runs of docs/TRAINING.md), in the fit call's environment:
@@ -196,6 +198,12 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   case " $MEASURE " in *" steps "*)
   timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
   say "step table rc $?"; pack;; esac
+  case " $MEASURE " in *" hybrid "*)  # Qwen3.8-27B-shaped hybrid: round, ReplaySSM commit, rollback
+  timeout 400 python3 benchmarks/step_table.py --target qwen3.8-27b --out $R \
+    > $R/logs/step_table_hybrid.log 2>&1
+  say "hybrid step table rc $?"
+  timeout 300 python3 benchmarks/gated_delta.py --out $R > $R/logs/gated_delta.log 2>&1
+  say "gated delta rc $?"; pack;; esac
   case " $MEASURE " in *" speed "*)
   timeout 120 python3 benchmarks/train_speed.py --data $S/data.jsonl --steps 15 --out $R \
     > $R/logs/train_speed.log 2>&1

@@ -93,3 +93,18 @@ def test_partial_rope_table_rotates_only_the_leading_pairs():
     assert torch.equal(cs[:, :4], full8[:, :4]) and torch.equal(cs[:, 16:20], full8[:, 4:])
     assert (cs[:, 4:16] == 1).all() and (cs[:, 20:] == 0).all()
 
+
+
+def test_engine_refuses_an_inconsistent_hybrid_config_clearly(tmp_path, smollm2_dir):
+    """Through the engine: a checkpoint missing a linear-attention field is refused with the
+    field's name before any weight loads."""
+    from dspine_engine import Engine
+    from tiny_models import write_tiny_hybrid
+
+    path = write_tiny_hybrid(tmp_path / "m", "qwen3_5", smollm2_dir, num_hidden_layers=2,
+                             layer_types=["linear_attention", "full_attention"])
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.pop("linear_key_head_dim")
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError, match="linear_key_head_dim"):
+        Engine(path, progress=False)
