@@ -172,6 +172,7 @@ def test_requests_join_and_leave_between_rounds(tmp_path, tiny_hybrid, ar_refere
         for out in eng.step():
             tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
         assert eng.recurrent.available + len(eng.scheduler.running) == 2
+        eng.cache.check_invariants(eng.scheduler.running)  # every running seat has its slot
     assert [tokens[r] for r in sorted(rids, key=rids.get)] == reference
     _all_back(eng)
 
