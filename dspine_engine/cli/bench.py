@@ -3,9 +3,10 @@
   dspine-bench accept --draft DIR --prompts humaneval|mtbench|FILE.jsonl [--temperature T]
       mean tau (tokens per round, bonus included) and acceptance by block position, as JSON and
       a PNG plot. Every block is verified in full, so tau is a property of the drafter.
-  dspine-bench e2e --draft NAME=DIR ... [--concurrency 1 8 32]
-      output tokens/s of autoregressive decoding and of each draft, same engine, same prompts,
-      one run; greedy outputs of every draft run are compared with the autoregressive ones.
+  dspine-bench e2e --draft NAME=DIR ... [--concurrency 1 8 32] [--spec-policy fixed auto]
+      output tokens/s of autoregressive decoding and of each draft (under each verification
+      policy), same prompts, one run; greedy outputs of every draft run are compared with the
+      autoregressive ones; rows carry the drafts verified per round (verify_lengths).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+from .generate import _positive_int, format_lengths
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -48,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
                    help="requests in flight (default: 1 8 32)")
     e.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline")
+    e.add_argument("--spec-policy", nargs="+", choices=("auto", "fixed"), default=["auto"],
+                   help="verification policies to run each drafter under, e.g. 'fixed auto' "
+                        "(rows named NAME-POLICY; default: auto)")
+    e.add_argument("--num-speculative-tokens", type=_positive_int, default=None, metavar="N",
+                   help="drafts verified per round (fixed) or at most (auto); default block - 1")
+    e.add_argument("--reprofile", action="store_true",
+                   help="measure the verify-cost profile again instead of reading the cache")
     return p
 
 
@@ -157,23 +167,31 @@ def cmd_e2e(args) -> dict:
     from .. import Engine
 
     prompts = _prompts(args)
-    drafts = [("ar", None)] if not args.no_ar else []
+    drafts = [("ar", None, "fixed")] if not args.no_ar else []
     for spec in args.draft:
         name, _, path = spec.partition("=")
-        drafts.append((name, path or name))
+        drafts += [(f"{name}-{policy}" if len(args.spec_policy) > 1 else name, path or name,
+                    policy) for policy in args.spec_policy]
     rows, outputs = [], {}
-    for name, path in drafts:
+    for name, path, policy in drafts:
         engine = Engine(args.target, draft=path, device=args.device, dtype=args.dtype,
-                        progress=not args.quiet, max_num_seqs=max(args.concurrency))
+                        progress=not args.quiet, max_num_seqs=max(args.concurrency),
+                        spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
+                        reprofile=args.reprofile and path is not None)
         for c in args.concurrency:
             row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet)
             row.update(mode=name)
+            if path is not None:
+                s = engine.stats
+                row.update(spec_policy=policy, path=s.path(),
+                           verify_lengths={str(k): v for k, v in sorted(s.verify_lengths.items())})
             if name != "ar" and ("ar", c) in outputs:
                 row["vs_ar_greedy"] = compare_outputs(outputs[("ar", c)], toks)
             outputs[(name, c)] = toks
             rows.append(row)
-            print(f"{name:>8} c={c:<3} {row['tokens_per_second']:9.1f} tok/s  tau {row['tau']:.2f}",
-                  file=sys.stderr)
+            print(f"{name:>8} c={c:<3} {row['tokens_per_second']:9.1f} tok/s  tau {row['tau']:.2f}"
+                  + (f"  drafts verified {format_lengths(engine.stats.verify_lengths)}"
+                     if path is not None else ""), file=sys.stderr)
             res = _e2e_result(args, prompts, rows, engine)
             _write(args.out, args.name or f"e2e_{engine.device.type}", res)  # after every row
         del engine

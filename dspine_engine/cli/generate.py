@@ -31,11 +31,44 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     draft = p.add_mutually_exclusive_group()
     draft.add_argument("--draft", default="auto",
                        help="draft model directory, or 'default' for the shipped DSpine drafter "
-                            "(default 'auto': the shipped drafter for the default model on a "
-                            "GPU; none on the CPU, where it measured slower than autoregressive "
-                            "decoding, see docs/BENCHMARKS.md)")
+                            "(default 'auto': the shipped drafter for the default model, used "
+                            "only in the rounds where --spec-policy auto predicts a gain; the "
+                            "stats line says which path was taken)")
     draft.add_argument("--no-draft", action="store_true",
                        help="plain autoregressive decoding (the baseline)")
+    add_spec_arguments(p)
+
+
+def add_spec_arguments(p: argparse.ArgumentParser) -> None:
+    """--spec-policy, --num-speculative-tokens, --reprofile (generate, serve, bench)."""
+    p.add_argument("--spec-policy", choices=("auto", "fixed"), default="auto",
+                   help="how many drafts a round verifies: 'auto' (default) chooses per round "
+                        "and request, 0 (plain decoding) up to --num-speculative-tokens, from "
+                        "a verify-cost profile measured once per device/model (cached) and the "
+                        "request's acceptance so far; 'fixed' always verifies "
+                        "--num-speculative-tokens")
+    p.add_argument("--num-speculative-tokens", type=_positive_int, default=None, metavar="N",
+                   help="drafts verified per round (fixed) or at most (auto); default: the "
+                        "draft's block - 1 (15 for the shipped drafter)")
+    p.add_argument("--reprofile", action="store_true",
+                   help="measure the verify-cost profile again (auto policy) instead of "
+                        "reading the cached one")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return n
+
+
+def spec_settings(args) -> dict:
+    """The Engine keywords of the verification flags."""
+    return dict(spec_policy=args.spec_policy, num_speculative_tokens=args.num_speculative_tokens,
+                reprofile=args.reprofile)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,9 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _draft_choice(args):
-    """--draft auto takes the shipped drafter where it pays: the default model on a GPU. On the
-    CPU a 16-token fp32 verify costs ~3.5 decode steps, more than the drafter's tau (~1.7)
-    gains back (measured 12 vs 31 tok/s), so auto decodes autoregressively there."""
+    """--draft auto takes the shipped drafter for the default model. Under --spec-policy auto
+    the policy then drafts only in the rounds where it predicts a gain (plain decoding where it
+    does not, as on the CPU today). Under --spec-policy fixed every round would verify a full
+    block, which is slower than plain decoding on the CPU (a 16-token fp32 verify costs ~3.5
+    decode steps, more than the drafter's tau gains back), so there auto means no draft."""
     if args.no_draft:
         return None
     if args.draft != "auto":
@@ -76,11 +111,11 @@ def _draft_choice(args):
     from ..models.drafters import DEFAULT_DRAFTER
 
     if args.model in (None, "default") and (DEFAULT_DRAFTER / "config.json").is_file():
-        if resolve_device(args.device).type == "cuda":
+        if args.spec_policy == "auto" or resolve_device(args.device).type == "cuda":
             return "default"
         if not args.quiet:
-            print("(autoregressive: the shipped drafter is slower than plain decoding on the CPU; "
-                  "--draft default uses it anyway)", file=sys.stderr)
+            print("(autoregressive: with --spec-policy fixed the shipped drafter is slower than "
+                  "plain decoding on the CPU; --draft default uses it anyway)", file=sys.stderr)
     return None
 
 
@@ -133,7 +168,8 @@ def _generate(args) -> int:
                                 stop=args.stop)
         params.validate()
         engine = Engine(args.model, draft=_draft_choice(args), device=args.device,
-                        dtype=args.dtype, progress=not args.quiet, max_num_seqs=1)
+                        dtype=args.dtype, progress=not args.quiet, max_num_seqs=1,
+                        **spec_settings(args))
         final = None
         for out in engine.stream(_request(args, prompt), params, chat=not args.no_chat):
             sys.stdout.write(out.new_text)
@@ -162,17 +198,24 @@ def _stats_line(final, engine, as_json: bool) -> str:
             "finish_reason": final.finish_reason, "device": str(engine.device),
             "dtype": "gguf" if engine.quantized else str(engine.dtype).replace("torch.", "")}
     if engine.draft is not None:
-        info.update(rounds=s.rounds, tau=round(s.tau, 3),
-                    acceptance_by_position=[round(a / max(1, s.drafted_rounds), 3)
-                                            for a in s.accepted_by_position])
+        info.update(rounds=s.rounds, tau=round(s.tau, 3), path=s.path(),
+                    spec_policy=engine.config.spec_policy,
+                    verify_lengths={str(k): v for k, v in sorted(s.verify_lengths.items())},
+                    acceptance_by_position=[round(a, 3) for a in s.acceptance_by_position()])
     if as_json:
         return json.dumps(info)
     line = (f"[{info['new_tokens']} tokens in {info['seconds']:.2f}s, "
             f"{info['tokens_per_second']:.1f} tok/s, first token {info['time_to_first_token']:.2f}s,"
             f" {info['finish_reason']}, {info['device']} {info['dtype']}")
     if engine.draft is not None:
-        line += f", tau {info['tau']:.2f} over {info['rounds']} rounds"
+        line += (f", {info['path']}, tau {info['tau']:.2f} over {info['rounds']} rounds, drafts "
+                 f"verified {format_lengths(s.verify_lengths)} ({info['spec_policy']} policy)")
     return line + "]"
+
+
+def format_lengths(lengths: dict[int, int]) -> str:
+    """``{0: 12, 15: 40}`` -> ``0x12 15x40`` (drafts verified x rounds)."""
+    return " ".join(f"{k}x{v}" for k, v in sorted(lengths.items())) or "none"
 
 
 if __name__ == "__main__":

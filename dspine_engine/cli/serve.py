@@ -107,7 +107,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     from .. import Engine
-    from .generate import _draft_choice
+    from .generate import _draft_choice, spec_settings
 
     try:
         sock = _bind(args.host, args.port)
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         engine = Engine(args.model, draft=draft, device=args.device,
                         dtype=args.dtype, kv_cache_tokens=args.kv_cache_tokens,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                        progress=not args.quiet)
+                        progress=not args.quiet, **spec_settings(args))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"dspine-serve: error: {e}", file=sys.stderr)
         return 1
@@ -131,7 +131,8 @@ def main(argv=None) -> int:
     config = uvicorn.Config(app, log_level=args.log_level)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    mode = "autoregressive" if draft is None else f"draft {draft}"
+    mode = ("autoregressive" if draft is None
+            else f"draft {draft}, {engine.config.spec_policy} verification")
     weights = "gguf" if engine.quantized else str(engine.dtype).replace("torch.", "")
     print(f"dspine-serve: {name} ({mode}, {engine.device} {weights}) on http://{shown}:{port}/v1"
           f"{' (API key required)' if args.api_key else ''}", file=sys.stderr, flush=True)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from os import PathLike
 
 from ..models.config import ModelConfigError
+from .spec_policy import POLICIES, verify_widths
 
 _POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_batch")
 _OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len")
@@ -29,10 +31,18 @@ class EngineConfig:
     admission_batch: int = 1
     max_model_len: int | None = None  # prompt + answer limit; None: the target's context
     cuda_graphs: bool = True  # capture the draft/verify forwards on CUDA
+    # Verification policy (spec_policy.py): "fixed" verifies num_speculative_tokens drafts every
+    # round; "auto" chooses per round and sequence (0..num_speculative_tokens, from buckets) by
+    # a measured cost model and the acceptance expected for each request.
+    spec_policy: str = "fixed"
+    num_speculative_tokens: int | None = None  # drafts verified (at most); None: block - 1
+    spec_cost_profile: str | None = None  # "auto": a cost-profile JSON to use instead of probing
+    reprofile: bool = False  # "auto": measure the verify cost again (replacing the cached one)
 
     # Derived from the models by derive(); not arguments.
     block_size: int = field(default=1, init=False)  # tokens a round verifies per sequence
     draft_window: int = field(default=0, init=False)  # the draft's sliding window, 0 = none
+    verify_widths: list[int] = field(default_factory=lambda: [1], init=False)  # tokens/round
 
     @classmethod
     def from_kwargs(cls, config: "EngineConfig | None", **overrides) -> "EngineConfig":
@@ -60,8 +70,20 @@ class EngineConfig:
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
             raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) holds less than one "
                              f"page of {self.page_size} tokens")
-        if not isinstance(self.cuda_graphs, bool):
-            raise ValueError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
+        for name in ("cuda_graphs", "reprofile"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.spec_policy not in POLICIES:
+            raise ValueError(f"spec_policy must be one of {', '.join(POLICIES)}, got "
+                             f"{self.spec_policy!r}")
+        n = self.num_speculative_tokens
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ValueError(f"num_speculative_tokens must be a positive integer or None (the "
+                             f"draft's block - 1), got {n!r}")
+        if self.spec_cost_profile is not None and not isinstance(self.spec_cost_profile,
+                                                                 (str, PathLike)):
+            raise ValueError(f"spec_cost_profile must be a path or None, got "
+                             f"{self.spec_cost_profile!r}")
 
     def derive(self, target_config, draft_config=None) -> None:
         """Fills in what follows from the models: the context limit, block and window.
@@ -75,7 +97,7 @@ class EngineConfig:
                              f"of {model_len} tokens")
         self.max_model_len = self.max_model_len or model_len
         if draft_config is None:
-            self.block_size, self.draft_window = 1, 0
+            self.block_size, self.draft_window, self.verify_widths = 1, 0, [1]
             return
         if draft_config.max_position_embeddings < self.max_model_len:
             raise ModelConfigError(
@@ -85,6 +107,12 @@ class EngineConfig:
                 f"{draft_config.max_position_embeddings}")
         self.block_size = draft_config.block_size
         self.draft_window = draft_config.sliding_window or 0
+        drafts = self.num_speculative_tokens or self.block_size - 1
+        if drafts > self.block_size - 1:
+            raise ValueError(f"num_speculative_tokens {drafts} exceeds what the draft proposes "
+                             f"per round ({self.block_size - 1}: its block of "
+                             f"{self.block_size} minus the anchor)")
+        self.verify_widths = verify_widths(self.block_size, drafts, self.spec_policy)
 
     @property
     def max_position(self) -> int:

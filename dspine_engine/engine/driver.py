@@ -23,9 +23,10 @@ log = logging.getLogger("dspine_engine")
 
 
 class LoopDriver:
-    def __init__(self, scheduler: Scheduler, runner, stats, has_draft: bool):
+    def __init__(self, scheduler: Scheduler, runner, stats, has_draft: bool, policy=None):
         self.scheduler = scheduler
         self.runner = runner
+        self.policy = policy  # how many drafts each round verifies (spec_policy.py)
         self.stats = stats  # EngineStats, totals over the engine's life
         self.has_draft = has_draft
         self._lock = threading.Lock()
@@ -129,7 +130,8 @@ class LoopDriver:
             return False
         try:
             new_tokens = (self._prefill(admitted) if admitted
-                          else speculative_round(self.runner, self.scheduler, batch, self.stats))
+                          else speculative_round(self.runner, self.scheduler, batch, self.stats,
+                                                 self.policy))
         except Exception as e:  # a failed batch must not take the engine down
             log.exception("step failed")
             for s in batch:

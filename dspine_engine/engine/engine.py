@@ -34,12 +34,15 @@ from .detokenizer import IncrementalDetokenizer
 from .driver import LoopDriver
 from .handles import RequestHandle
 from .kv_cache import KVCache, KVCacheFullError
-from .outputs import GenerationResult, RequestOutput, RequestStats
+from .outputs import (GenerationResult, RequestOutput, RequestStats, acceptance_rates,
+                      decoding_path)
 from .prompts import prompt_to_ids
 from .recurrent_cache import RecurrentCache
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
+from .spec_policy import build_policy
+from .verify_cost import device_name
 from .sequence import Sequence
 
 log = logging.getLogger("dspine_engine")
@@ -97,6 +100,8 @@ class EngineStats:
     accepted_drafts: int = 0
     accepted_by_position: list[int] = dataclasses.field(default_factory=list)
     drafted_rounds: int = 0
+    verified_by_position: list[int] = dataclasses.field(default_factory=list)
+    verify_lengths: dict[int, int] = dataclasses.field(default_factory=dict)  # drafts -> rounds
     busy_seconds: float = 0.0
 
     @property
@@ -107,10 +112,14 @@ class EngineStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.busy_seconds if self.busy_seconds else 0.0
 
+    def path(self) -> str:
+        """autoregressive / speculative / mixed: which path the rounds took (outputs.py)."""
+        return decoding_path(self.drafted_rounds, self.rounds)
+
     def acceptance_by_position(self) -> list[float]:
-        """P(draft j accepted) over drafted rounds, j = 1..B-1."""
-        n = max(1, self.drafted_rounds)
-        return [a / n for a in self.accepted_by_position]
+        """P(draft j accepted) over the rounds whose verified block held d_j, j = 1..B-1 (with
+        full blocks: over every drafted round)."""
+        return acceptance_rates(self.accepted_by_position, self.verified_by_position)
 
 
 class _Default:
@@ -127,7 +136,9 @@ class Engine:
     def __init__(self, target=None, draft=None, device=None, dtype=None,
                  kv_cache_tokens=_DEFAULT, page_size=_DEFAULT, max_num_seqs=_DEFAULT,
                  max_prefill_tokens=_DEFAULT, max_model_len=_DEFAULT, cuda_graphs=_DEFAULT,
-                 admission_batch=_DEFAULT, progress: bool = True,
+                 admission_batch=_DEFAULT, spec_policy=_DEFAULT,
+                 num_speculative_tokens=_DEFAULT, spec_cost_profile=_DEFAULT,
+                 reprofile=_DEFAULT, progress: bool = True,
                  config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
@@ -141,7 +152,11 @@ class Engine:
         GPU memory on CUDA; requests that can never fit are refused with an error),
         ``page_size``, ``max_num_seqs`` (requests decoded together), ``max_prefill_tokens``,
         ``max_model_len`` (default: the target's context), ``cuda_graphs`` and
-        ``admission_batch`` (seats free before new requests join a running batch). Every value is
+        ``admission_batch`` (seats free before new requests join a running batch). With a
+        draft, ``spec_policy`` "fixed" (default) verifies ``num_speculative_tokens`` drafts every
+        round (default: the whole block) and "auto" chooses per round and sequence from a
+        measured cost model (cached; ``reprofile=True`` measures again, ``spec_cost_profile``
+        reads a given profile) and each request's acceptance (spec_policy.py). Every value is
         checked before anything loads (ValueError naming it)."""
         from ..models.default_model import gguf_source, resolve_model_path
         from ..models.drafters import resolve_draft_path
@@ -150,8 +165,9 @@ class Engine:
         given = {k: v for k, v in dict(
             kv_cache_tokens=kv_cache_tokens, page_size=page_size, max_num_seqs=max_num_seqs,
             max_prefill_tokens=max_prefill_tokens, max_model_len=max_model_len,
-            cuda_graphs=cuda_graphs, admission_batch=admission_batch).items()
-            if v is not _DEFAULT}
+            cuda_graphs=cuda_graphs, admission_batch=admission_batch, spec_policy=spec_policy,
+            num_speculative_tokens=num_speculative_tokens, spec_cost_profile=spec_cost_profile,
+            reprofile=reprofile).items() if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
         check_device(self.device)
@@ -184,8 +200,9 @@ class Engine:
                                   max_batch=max([c.max_num_seqs] + sizes))
         if use_graphs:
             self._capture_graphs(sizes, progress)
+        self.policy = build_policy(c, self.runner, self._identity(), progress)
         self._driver = LoopDriver(self.scheduler, self.runner, EngineStats(),
-                                  has_draft=self.draft is not None)
+                                  has_draft=self.draft is not None, policy=self.policy)
         self.reset_stats()
         self._ids = itertools.count()
 
@@ -218,12 +235,21 @@ class Engine:
 
     def reset_stats(self) -> None:
         """Starts the engine-wide totals (`engine.stats`) from zero."""
-        self._driver.stats = EngineStats(accepted_by_position=[0] * (self.block - 1))
+        self._driver.stats = EngineStats(accepted_by_position=[0] * (self.block - 1),
+                                         verified_by_position=[0] * (self.block - 1))
 
     # ------------------------------------------------------------------ setup
+    def _identity(self) -> dict:
+        """What a round's cost depends on (the key of the cached verify-cost profile)."""
+        return {"device": device_name(self.device), "dtype": str(self.dtype),
+                "quantized": self.quantized, "target": dataclasses.asdict(self.target.config),
+                "draft": dataclasses.asdict(self.draft.config) if self.draft else None,
+                "graphs": self.runner.graphs is not None, "page_size": self.config.page_size,
+                "torch": torch.__version__}
+
     def _capture_graphs(self, sizes: list[int], progress: bool) -> None:
         try:
-            self.runner.capture_graphs(sizes, progress)
+            self.runner.capture_graphs(sizes, progress, self.config.verify_widths)
         except Exception:  # a capture failure costs speed, never correctness
             log.warning("CUDA graph capture failed; running the forwards eagerly",
                         exc_info=True)

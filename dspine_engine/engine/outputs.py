@@ -11,7 +11,9 @@ class RequestStats:
     rounds: int = 0  # target forwards after the prefill (decode steps or speculative rounds)
     accepted_drafts: int = 0  # draft tokens accepted over all rounds
     accepted_by_position: list[int] = field(default_factory=list)  # j -> rounds accepting d_j
-    drafted_rounds: int = 0  # rounds that verified a draft block
+    drafted_rounds: int = 0  # rounds that verified at least one draft
+    verified_by_position: list[int] = field(default_factory=list)  # j -> blocks holding d_j
+    verify_lengths: dict[int, int] = field(default_factory=dict)  # drafts verified -> rounds
     time_to_first_token: float = 0.0  # seconds from admission to the first new token
     elapsed: float = 0.0  # seconds from admission to the end
     seed: int | None = None
@@ -26,10 +28,32 @@ class RequestStats:
         decoding). Counted as verified, before a stop condition cuts the last round short."""
         return 1.0 + self.accepted_drafts / self.rounds if self.rounds else 0.0
 
+    def path(self) -> str:
+        """Which decoding path the request took: "autoregressive" (no round verified a
+        draft), "speculative" (every round did) or "mixed (N% of rounds drafted)"."""
+        return decoding_path(self.drafted_rounds, self.rounds)
+
+    def acceptance_by_position(self) -> list[float]:
+        """P(d_j accepted) over the rounds whose verified block held d_j, j = 1..B-1."""
+        return acceptance_rates(self.accepted_by_position, self.verified_by_position)
+
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items()}
         d.update(tokens_per_second=self.tokens_per_second, tau=self.tau)
         return d
+
+
+def decoding_path(drafted_rounds: int, rounds: int) -> str:
+    if drafted_rounds == 0:
+        return "autoregressive"
+    if drafted_rounds == rounds:
+        return "speculative"
+    return f"mixed ({100 * drafted_rounds / rounds:.0f}% of rounds drafted)"
+
+
+def acceptance_rates(accepted: list[int], verified: list[int]) -> list[float]:
+    """Per position: accepted / rounds whose verified block held it (0 where none did)."""
+    return [a / v if v else 0.0 for a, v in zip(accepted, verified)]
 
 
 @dataclass

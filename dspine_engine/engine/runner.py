@@ -45,7 +45,11 @@ class ModelRunner:
         self._taps = (torch.zeros(seats, self.block, self.tap_dim, dtype=target.dtype,
                                   device=self.device) if draft is not None else None)
         self.graphs = None  # a GraphSet once capture_graphs ran
+        # Query offsets per verify width (a round may verify fewer than B tokens: spec_policy).
+        self._cu_q = {w: torch.arange(0, max_batch * w + 1, w, dtype=torch.int32,
+                                      device=self.device) for w in range(1, self.block + 1)}
         self._b = self._n = self._width = 0
+        self._tokens = self.block  # tokens the prepared round verifies per sequence
         self._use_graph = False
         self._logits = None
 
@@ -114,10 +118,14 @@ class ModelRunner:
                                   self.draft_kv.k, self.draft_kv.v)
 
     # ----------------------------------------------------------------- a round
-    def prepare_round(self, seqs: list[Sequence], seats: np.ndarray) -> None:
+    def prepare_round(self, seqs: list[Sequence], seats: np.ndarray,
+                      tokens: int | None = None) -> None:
         """Stages every input of this round's draft and verify forwards (one copy per region):
-        padded to a captured graph's size when one fits, else exactly the batch."""
+        padded to a captured graph's size when one fits, else exactly the batch. The verify
+        checks ``tokens`` positions per sequence (the anchor + tokens - 1 drafts; default the
+        whole block)."""
         b = len(seqs)
+        self._tokens = tokens or self.block
         self._use_graph = self.graphs is not None and self.graphs.fits(b)
         n = self.graphs.padded(b) if self._use_graph else b
         base = self.cache.kv_len[seats]
@@ -134,6 +142,24 @@ class ModelRunner:
                                                       // self.cache.page_size)
         self._b, self._n = b, n
 
+    def padding_round(self, b: int, tokens: int) -> None:
+        """One whole round on ``b`` padding rows (they read page 0 and write nothing) at
+        ``tokens`` verified per row, host sync included: what verify_cost.py times."""
+        self._tokens = tokens
+        self._use_graph = self.graphs is not None and self.graphs.fits(b)
+        n = self.graphs.padded(b) if self._use_graph else b
+        self.inputs.fill_rows(0, n, self.cache.padding_seat)
+        self.inputs.upload()
+        self._width = self.cache.target.max_pages if self._use_graph else -(-self.block //
+                                                                           self.cache.page_size)
+        self._b, self._n = b, n
+        if tokens > 1:
+            self.propose()
+        elif self.draft is not None:
+            self.ingest_pending()
+        self.verify()
+        self.accept()
+
     def _stage_sampling(self, seqs, seats: np.ndarray, b: int, n: int, width: int) -> None:
         h, blk = self.inputs.host, self.block
         h["temps"][:b] = self._temps[seats]
@@ -147,6 +173,14 @@ class ModelRunner:
                 h["walk_u"][i] = u[:blk - 1]
                 h["verify_u"][i] = u[blk - 1:]
 
+    def ingest_pending(self) -> None:
+        """For a round that verifies no drafts: writes the pending draft context (what the
+        draft forward would have written), so the next drafted round sees every position."""
+        if self._use_graph and self.graphs is not None:
+            self.graphs.replay("ingest", self._n)
+        else:
+            self._ingest_body(self._n, self._width)
+
     def propose(self) -> None:
         """Draft forward of the prepared round: writes the pending context rows, drafts B-1
         tokens per sequence into the static draft outputs."""
@@ -159,19 +193,21 @@ class ModelRunner:
         """Target forward over [anchor, d_1..d_{B-1}] (or the anchor alone without a draft);
         stores the taps per seat for the next draft. Returns logits [b, B, V]."""
         if self._use_graph and self.graphs is not None:
-            logits = self.graphs.replay("verify", self._n)
+            logits = self.graphs.replay(self._verify_graph(self._tokens), self._n)
         else:
-            logits = self._verify_body(self._n, self._width)
+            logits = self._verify_body(self._n, self._width, self._tokens)
         self._logits = logits
         return logits[:self._b]
 
     def accept(self) -> tuple[np.ndarray, np.ndarray]:
         """Block verify of the round: accepted draft counts [b] and tokens [b, B] (accepted
         drafts, the bonus, then -1), on the host. The round's one host sync."""
-        b, inp, d = self._b, self.inputs, self.inputs.dev
-        accept, out, _ = ops.block_verify(self._logits[:b], inp.drafts[:b], inp.cand_ids[:b],
-                                          inp.cand_probs[:b], d["temps"][:b], d["top_k"][:b],
-                                          d["top_p"][:b], d["verify_u"][:b], d["base"][:b])
+        b, inp, d, t = self._b, self.inputs, self.inputs.dev, self._tokens
+        accept, out, _ = ops.block_verify(self._logits[:b], inp.drafts[:b, :t - 1].contiguous(),
+                                          inp.cand_ids[:b, :t - 1].contiguous(),
+                                          inp.cand_probs[:b, :t - 1].contiguous(),
+                                          d["temps"][:b], d["top_k"][:b], d["top_p"][:b],
+                                          d["verify_u"][:b, :t].contiguous(), d["base"][:b])
         both = torch.cat([accept.long()[:, None], out], 1).cpu().numpy()  # SYNC
         accept, out = both[:, 0], both[:, 1:]
         seats = self.inputs.host["seats"][:b]
@@ -184,17 +220,18 @@ class ModelRunner:
     def _tables(self, cache: PagedCache, seats: torch.Tensor, width: int) -> torch.Tensor:
         return cache.tables[:, :width].index_select(0, seats)
 
-    def _block_meta(self, cache: PagedCache, n: int, width: int, causal: bool):
-        d, blk = self.inputs.dev, self.block
+    def _block_meta(self, cache: PagedCache, n: int, width: int, causal: bool,
+                    tokens: int | None = None):
+        d, blk = self.inputs.dev, tokens or self.block
         seats, base = d["seats"][:n], d["base"][:n]
         live = (base >= 0)[:, None]
         p = base.clamp(min=0)
-        positions = p[:, None] + self.inputs.offsets  # [n, B]
+        positions = p[:, None] + self.inputs.offsets[:blk]  # [n, blk]
         tables = self._tables(cache, seats, width)
         slots = self._slots(cache, tables, positions, live)
         kv_lens = (p + blk).to(torch.int32)
-        meta = AttnMeta(positions.view(-1), slots.view(-1), tables, kv_lens,
-                        self.inputs.cu_q[:n + 1], blk, causal=causal)
+        meta = AttnMeta(positions.reshape(-1), slots.view(-1), tables, kv_lens,
+                        self._cu_q[blk][:n + 1], blk, causal=causal)
         return meta, tables, p, live
 
     @staticmethod
@@ -204,42 +241,57 @@ class ModelRunner:
         slots = page * ps + positions % ps
         return torch.where(valid & (page >= 0), slots, -1).to(torch.int32)
 
-    def _verify_body(self, n: int, width: int) -> torch.Tensor:
-        d, blk = self.inputs.dev, self.block
-        meta, _, _, _ = self._block_meta(self.cache.target, n, width, causal=True)
+    def _verify_body(self, n: int, width: int, blk: int | None = None) -> torch.Tensor:
+        d, blk = self.inputs.dev, blk or self.block
+        meta, _, _, _ = self._block_meta(self.cache.target, n, width, causal=True, tokens=blk)
         if self.cache.recurrent is not None:  # from the round's checkpoint, filling the rings
             rec = self.cache.recurrent
             meta.recurrent = rec.meta(rec.slot_of_seat.index_select(0, d["seats"][:n]),
                                       checkpoint=True)
         anchors = d["anchors"][:n].long()
-        tokens = anchors if blk == 1 else torch.cat([anchors[:, None], self.inputs.drafts[:n]], 1)
+        tokens = anchors if blk == 1 else torch.cat([anchors[:, None],
+                                                     self.inputs.drafts[:n, :blk - 1]], 1)
         logits, taps = self.target.forward(tokens.reshape(-1), meta, self.target_kv.k,
                                            self.target_kv.v, tap_layers=self.taps)
         if taps is not None:
-            self._taps.index_copy_(0, d["seats"][:n].long(), taps.view(n, blk, -1))
+            self._taps[:, :blk].index_copy_(0, d["seats"][:n].long(), taps.view(n, blk, -1))
         return logits.view(n, blk, -1)
 
-    def _draft_body(self, n: int, width: int) -> None:
-        d, blk, inp = self.inputs.dev, self.block, self.inputs
+    def _verify_graph(self, tokens: int) -> str:
+        return "verify" if tokens == self.block else f"verify{tokens}"
+
+    def _pending_context(self, n: int, width: int):
+        """The draft-context rows of the previous round's committed positions p - pending ..
+        p - 1: their taps, positions and draft-cache slots (-1 where nothing is pending)."""
+        d, inp = self.inputs.dev, self.inputs
         meta, tables, p, live = self._block_meta(self.cache.draft, n, width, causal=False)
         pending = d["pending"][:n]
-        # Context rows: the previous round's committed positions p - pending .. p - 1.
-        ctx_pos = (p - pending)[:, None] + inp.offsets
+        ctx_pos = ((p - pending)[:, None] + inp.offsets).clamp(min=0)
         ctx_valid = live & (inp.offsets[None] < pending[:, None])
-        ctx_slots = self._slots(self.cache.draft, tables, ctx_pos.clamp(min=0), ctx_valid)
-        ctx_taps = self._taps.index_select(0, d["seats"][:n]).view(n * blk, -1)
+        ctx_slots = self._slots(self.cache.draft, tables, ctx_pos, ctx_valid)
+        ctx_taps = self._taps.index_select(0, d["seats"][:n]).view(n * self.block, -1)
+        return meta, ctx_taps, ctx_pos.view(-1).to(torch.int32), ctx_slots.view(-1)
+
+    def _ingest_body(self, n: int, width: int) -> None:
+        _, ctx_taps, ctx_pos, ctx_slots = self._pending_context(n, width)
+        self.draft.ingest_context(ctx_taps, ctx_pos, ctx_slots, self.draft_kv.k, self.draft_kv.v)
+
+    def _draft_body(self, n: int, width: int) -> None:
+        d, inp = self.inputs.dev, self.inputs
+        meta, ctx_taps, ctx_pos, ctx_slots = self._pending_context(n, width)
         tokens, cand_ids, cand_probs = self.draft.propose(
-            d["anchors"][:n].long(), ctx_taps, ctx_pos.clamp(min=0).view(-1).to(torch.int32),
-            ctx_slots.view(-1), meta, self.draft_kv.k, self.draft_kv.v, d["temps"][:n],
-            d["walk_u"][:n])
+            d["anchors"][:n].long(), ctx_taps, ctx_pos, ctx_slots, meta, self.draft_kv.k,
+            self.draft_kv.v, d["temps"][:n], d["walk_u"][:n])
         inp.drafts[:n].copy_(tokens)
         inp.cand_ids[:n].copy_(cand_ids)
         inp.cand_probs[:n].copy_(cand_probs)
 
     # ----------------------------------------------------------------- CUDA graphs
-    def capture_graphs(self, sizes: list[int], progress: bool = True) -> None:
-        """Captures the draft and verify forwards at each batch size, from the same buffers
-        the eager path reads (padding rows staged so the captured runs write nothing)."""
+    def capture_graphs(self, sizes: list[int], progress: bool = True,
+                       widths: list[int] | None = None) -> None:
+        """Captures the draft and verify forwards at each batch size, the verify at each of
+        ``widths`` (tokens per sequence; default the whole block), from the same buffers the
+        eager path reads (padding rows staged so the captured runs write nothing)."""
         from .cuda_graphs import GraphSet
 
         top = max(sizes)
@@ -247,9 +299,13 @@ class ModelRunner:
         self.inputs.upload()
         full = self.cache.target.max_pages
         graphs = GraphSet(sizes)
-        bodies = [("verify", self._verify_body)]
+        bodies = [(self._verify_graph(w),
+                   lambda n, width, w=w: self._verify_body(n, width, w))
+                  for w in (widths or [self.block])]
         if self.draft is not None:
             bodies.append(("draft", self._draft_body))
+            if 1 in (widths or ()):
+                bodies.append(("ingest", self._ingest_body))
         graphs.capture_all(bodies, full, progress)
         self.graphs = graphs
 

@@ -1,7 +1,10 @@
 """One decoding round for every running sequence: draft -> verify -> accept -> commit.
 
-Without a draft the same round is plain autoregressive decoding (a block of one token).
-The only host sync of the round is reading the accepted lengths and tokens back (in
+Without a draft the same round is plain autoregressive decoding (a block of one token). With a
+draft, the verification policy (spec_policy.py) splits the batch into at most two groups, each
+verifying its own number of tokens per sequence (1 = a plain decode step, which only writes
+the pending draft context); each group is one round of its own.
+The only host sync of a group's round is reading the accepted lengths and tokens back (in
 `runner.accept`): the host needs them to decide each sequence's next positions and stops.
 """
 from __future__ import annotations
@@ -14,43 +17,66 @@ from .sequence import Sequence
 
 
 def speculative_round(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence],
-                      stats) -> dict[str, list[int]]:
+                      stats, policy=None) -> dict[str, list[int]]:
+    groups = policy.plan(seqs) if policy is not None else [(runner.block, seqs)]
+    new_tokens = {}
+    for tokens, group in groups:
+        new_tokens.update(_verify_group(runner, scheduler, group, tokens, stats, policy))
+    return new_tokens
+
+
+def _verify_group(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence], tokens: int,
+                  stats, policy) -> dict[str, list[int]]:
     seats = scheduler.prepare_round(seqs)
-    runner.prepare_round(seqs, seats)
-    drafted = runner.draft is not None
+    runner.prepare_round(seqs, seats, tokens)
+    drafted = tokens > 1
     if drafted:
         runner.propose()
+    elif runner.draft is not None:
+        runner.ingest_pending()
     runner.verify()
     accept, out = runner.accept()
     scheduler.verified(seats, accept)
-    _record_batch(stats, accept, drafted)
+    if policy is not None:
+        policy.observe(seats, tokens, accept)
+    _record_batch(stats, accept, tokens)
     accepted, rows = accept.tolist(), out.tolist()
     new_tokens = {}
     for seq, n, row in zip(seqs, accepted, rows):
-        _record(seq.stats, n, drafted, len(stats.accepted_by_position))
+        _record(seq.stats, n, tokens, len(stats.accepted_by_position))
         new_tokens[seq.request_id] = seq.commit(row[:n + 1])
     return new_tokens
 
 
-def _record(s, accepted: int, drafted: bool, positions: int) -> None:
+def _record(s, accepted: int, tokens: int, positions: int) -> None:
     s.rounds += 1
     s.accepted_drafts += accepted
-    if drafted:
+    if positions:  # a drafted engine: how many drafts this round verified
+        s.verify_lengths[tokens - 1] = s.verify_lengths.get(tokens - 1, 0) + 1
+    if tokens > 1:
         s.drafted_rounds += 1
         if not s.accepted_by_position:
             s.accepted_by_position = [0] * positions
+            s.verified_by_position = [0] * positions
         for j in range(accepted):
             s.accepted_by_position[j] += 1
+        for j in range(tokens - 1):
+            s.verified_by_position[j] += 1
 
 
-def _record_batch(stats, accept: np.ndarray, drafted: bool) -> None:
+def _record_batch(stats, accept: np.ndarray, tokens: int) -> None:
     """Engine totals for the whole batch at once."""
     stats.rounds += len(accept)
     stats.accepted_drafts += int(accept.sum())
-    if drafted:
+    positions = len(stats.accepted_by_position)
+    if positions:
+        stats.verify_lengths[tokens - 1] = stats.verify_lengths.get(tokens - 1, 0) + len(accept)
+    if tokens > 1:
         stats.drafted_rounds += len(accept)
         # Rounds accepting d_j = rounds whose accepted count exceeds j.
-        counts = np.bincount(accept, minlength=len(stats.accepted_by_position) + 1)
+        counts = np.bincount(accept, minlength=positions + 1)
         at_least = np.cumsum(counts[::-1])[::-1][1:]
-        for j, c in enumerate(at_least[:len(stats.accepted_by_position)].tolist()):
+        for j, c in enumerate(at_least[:positions].tolist()):
             stats.accepted_by_position[j] += c
+        for j in range(tokens - 1):  # rounds whose verified block held d_j
+            stats.verified_by_position[j] += len(accept)

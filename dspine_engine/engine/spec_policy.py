@@ -1,0 +1,196 @@
+"""The verification policy: how many draft tokens each sequence verifies in a round.
+
+`FixedPolicy` verifies the same number every round (``num_speculative_tokens``, by default the
+whole block). `AutoPolicy` (dynamic verification) plans each round from two things:
+- the cost of a round, ``cost(tokens, batch)`` (verify_cost.py: measured once, cached);
+- the acceptance expected for each request: per-position conditional acceptance
+  ``a_j = P(d_j accepted | d_1..d_{j-1} accepted)``, counted online per request and shrunk
+  toward the engine-wide counts (the drafter's global statistics, themselves starting from a
+  neutral prior), with exponential forgetting, so a request that stopped being verified drifts
+  back to the global estimate and is tried again.
+
+A round verifies ``w`` tokens per sequence (the anchor + ``w - 1`` drafts; ``w = 1`` is a
+plain decode step), ``w`` from a few buckets so CUDA graphs apply. The plan is at most two
+groups: the ``m`` sequences with the highest expected gain verify ``w`` tokens, the rest decode
+one; (w, m) maximise expected committed tokens per predicted second,
+``(sum_top_m E_i(w) + (b - m)) / (cost(w, m) + cost(1, b - m))``, against plain decoding of the
+whole batch. Given a cost profile and the statistics the plan is deterministic. When plain
+decoding wins for a while, an exploration round verifies the widest bucket for everyone
+(interval doubling while it keeps not paying), so estimates never freeze.
+
+Any plan is lossless: verifying fewer drafts only cuts the accepted prefix shorter (the token
+at the cut is the target's own choice at that position).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .cache_manager import CacheManager
+from .verify_cost import CostProfile
+
+# Tokens verified per sequence (anchor included) that a round may use.
+BUCKETS = (1, 2, 4, 8, 16)
+POLICIES = ("auto", "fixed")
+
+
+def verify_widths(block: int, max_drafts: int, policy: str) -> list[int]:
+    """The verify widths an engine needs (graphs are captured at each): for ``fixed`` the one
+    width ``max_drafts + 1``; for ``auto`` the buckets up to it, plus it."""
+    top = max_drafts + 1
+    if block == 1:
+        return [1]
+    if policy == "fixed":
+        return [top]
+    return sorted({w for w in BUCKETS if w <= top} | {1, top})
+
+
+class FixedPolicy:
+    """Every sequence verifies ``width`` tokens every round."""
+
+    name = "fixed"
+
+    def __init__(self, width: int):
+        self.width = width
+
+    def plan(self, seqs) -> list[tuple[int, list]]:
+        return [(self.width, seqs)]
+
+    def observe(self, seats, width: int, accepted: np.ndarray) -> None:
+        pass
+
+
+class AutoPolicy:
+    name = "auto"
+
+    def __init__(self, block: int, widths: list[int], cost: CostProfile, max_seats: int,
+                 max_batch: int, prior: float = 0.5, prior_weight: float = 4.0,
+                 global_weight: float = 2.0, forget: float = 0.97, global_forget: float = 0.999,
+                 explore_interval: int = 32, max_explore_interval: int = 1024):
+        if 1 not in widths or any(w > block for w in widths):
+            raise ValueError(f"verify widths {widths} must include 1 and not exceed the block "
+                             f"of {block}")
+        cost.check(widths)
+        self.widths = sorted(widths)
+        drafts = block - 1
+        # Per seat: decayed counts of positions verified (tried) and accepted (hit).
+        self._tried = np.zeros((max_seats + 1, drafts))
+        self._hit = np.zeros((max_seats + 1, drafts))
+        self._owner = np.full(max_seats + 1, None, object)  # the seat's sequence
+        self._g_tried = np.zeros(drafts)
+        self._g_hit = np.zeros(drafts)
+        self.prior, self.prior_weight = prior, prior_weight
+        self.global_weight, self.forget = global_weight, forget
+        self.global_forget = global_forget
+        # cost[w][m]: predicted seconds of a round of m sequences at width w (m = 0..max).
+        self._cost = {w: np.array([cost.cost(w, m) for m in range(max_batch + 1)])
+                      for w in self.widths}
+        self._base_interval = explore_interval
+        self._interval = explore_interval
+        self._max_interval = max_explore_interval
+        self._since_drafted = 0
+
+    # ----------------------------------------------------------------- estimates
+    def global_acceptance(self) -> np.ndarray:
+        """Engine-wide conditional acceptance by position (the prior of every request)."""
+        w = self.global_weight
+        return (self._g_hit + w * self.prior) / (self._g_tried + w)
+
+    def expected_tokens(self, seats: np.ndarray) -> np.ndarray:
+        """``E[i, k]``: expected tokens committed by sequence i verifying k drafts (k = 0..B-1)."""
+        g, m = self.global_acceptance(), self.prior_weight
+        a = (self._hit[seats] + m * g) / (self._tried[seats] + m)
+        reach = np.cumprod(a, axis=1)  # P(d_1..d_k all accepted)
+        return np.concatenate([np.ones((len(seats), 1)), 1 + np.cumsum(reach, axis=1)], 1)
+
+    # ----------------------------------------------------------------- planning
+    def plan(self, seqs) -> list[tuple[int, list]]:
+        seats = CacheManager.seats_of(seqs)
+        self._adopt(seqs, seats)
+        self._tried[seats] *= self.forget
+        self._hit[seats] *= self.forget
+        width, chosen = self.choose(seats)
+        if width == 1:
+            self._since_drafted += 1
+            if self._since_drafted >= self._interval:  # explore: observe every position
+                self._interval = min(2 * self._interval, self._max_interval)
+                self._since_drafted = 0
+                return [(self.widths[-1], seqs)]
+            return [(1, seqs)]
+        self._since_drafted, self._interval = 0, self._base_interval
+        mask = np.zeros(len(seqs), bool)
+        mask[chosen] = True
+        drafted = [s for s, keep in zip(seqs, mask) if keep]
+        plain = [s for s, keep in zip(seqs, mask) if not keep]
+        return [(width, drafted)] + ([(1, plain)] if plain else [])
+
+    def choose(self, seats: np.ndarray) -> tuple[int, np.ndarray]:
+        """The round's width and the indices (into ``seats``) that verify at it; (1, all) when
+        plain decoding is predicted fastest."""
+        b = len(seats)
+        expected = self.expected_tokens(seats)
+        plain_cost = self._cost[1]
+        best_rate, best = b / plain_cost[b], (1, np.arange(b))
+        for w in self.widths[1:]:
+            gain = expected[:, w - 1]
+            order = np.argsort(-gain, kind="stable")
+            m = np.arange(1, b + 1)
+            tokens = np.cumsum(gain[order]) + (b - m)
+            rate = tokens / (self._cost[w][m] + plain_cost[b - m])
+            k = int(np.argmax(rate))
+            if rate[k] > best_rate:
+                best_rate, best = rate[k], (w, np.sort(order[:k + 1]))
+        return best
+
+    def observe(self, seats: np.ndarray, width: int, accepted: np.ndarray) -> None:
+        """Counts a verified round: drafts 1..min(accepted + 1, width - 1) were tried, the first
+        ``accepted`` of them accepted."""
+        k = width - 1
+        if k == 0:
+            return
+        pos = np.arange(k)
+        tried = pos[None] <= accepted[:, None]
+        hit = pos[None] < accepted[:, None]
+        self._tried[seats, :k] += tried
+        self._hit[seats, :k] += hit
+        self._g_tried *= self.global_forget
+        self._g_hit *= self.global_forget
+        self._g_tried[:k] += tried.sum(0)
+        self._g_hit[:k] += hit.sum(0)
+
+    def _adopt(self, seqs, seats: np.ndarray) -> None:
+        """A seat taken by a new request starts from the global estimate."""
+        ids = np.empty(len(seqs), object)
+        ids[:] = seqs
+        fresh = np.fromiter((a is not b for a, b in zip(self._owner[seats], ids)), bool,
+                            len(seqs))
+        if fresh.any():
+            rows = seats[fresh]
+            self._tried[rows] = 0
+            self._hit[rows] = 0
+            self._owner[rows] = ids[fresh]
+
+
+def build_policy(config, runner, identity: dict, progress: bool):
+    """The engine's policy: None without a draft; for ``auto`` the cost profile comes from
+    ``config.spec_cost_profile``, else from the cache (measured now if missing or if
+    ``config.reprofile``)."""
+    from ..models.default_model import cache_dir
+    from .verify_cost import CostProfile, load_or_measure
+
+    if runner.draft is None:
+        return None
+    widths = config.verify_widths
+    if runner.cache.recurrent is not None and widths != [runner.block]:
+        raise ValueError("a hybrid (recurrent-state) target verifies whole blocks for now: use "
+                         "spec_policy='fixed' (--spec-policy fixed) without "
+                         "num_speculative_tokens; shorter blocks through the state's replay "
+                         "are not tested yet")
+    if config.spec_policy == "fixed":
+        return FixedPolicy(widths[-1])
+    if config.spec_cost_profile is not None:
+        cost = CostProfile.read(config.spec_cost_profile)
+        cost.padded_sizes = runner.graphs.sizes if runner.graphs is not None else None
+    else:
+        cost = load_or_measure(runner, widths, config.max_num_seqs, identity, cache_dir(),
+                               config.reprofile, progress)
+    return AutoPolicy(runner.block, widths, cost, runner.cache.max_seats, config.max_num_seqs)

@@ -1,0 +1,170 @@
+"""The verification policy on its own (no model): deterministic plans from a cost table and
+acceptance statistics, plain decoding when speculation cannot pay, widths from the buckets,
+exploration, the cost model's interpolation, and clear errors for bad settings."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dspine_engine.engine.config import EngineConfig
+from dspine_engine.engine.spec_policy import AutoPolicy, FixedPolicy, verify_widths
+from dspine_engine.engine.verify_cost import CostProfile, CostProfileError, probe_batches
+
+BLOCK = 16
+WIDTHS = verify_widths(BLOCK, BLOCK - 1, "auto")
+
+
+def linear_profile(per_token: float, base: float = 1.0) -> CostProfile:
+    """A round of b sequences at w tokens costs b * (base + per_token * (w - 1))."""
+    return CostProfile({w: {1: base + per_token * (w - 1), 64: 64 * (base + per_token * (w - 1))}
+                        for w in WIDTHS})
+
+
+def seqs(n):
+    return [SimpleNamespace(seat=i) for i in range(n)]
+
+
+def policy(profile, **kw):
+    return AutoPolicy(BLOCK, WIDTHS, profile, max_seats=64, max_batch=64, **kw)
+
+
+def teach(pol, batch, accepted, width=BLOCK, rounds=20):
+    """Feeds ``rounds`` observed rounds where sequence i accepted ``accepted[i]`` drafts."""
+    seats = np.array([s.seat for s in batch])
+    for _ in range(rounds):
+        pol.plan(batch)  # adopts the seats (and forgets a little, as a real round does)
+        pol.observe(seats, width, np.array(accepted))
+
+
+def test_widths_are_buckets_up_to_the_limit():
+    assert WIDTHS == [1, 2, 4, 8, 16]
+    assert verify_widths(16, 5, "auto") == [1, 2, 4, 6]
+    assert verify_widths(16, 5, "fixed") == [6]
+    assert verify_widths(1, 0, "auto") == [1]
+
+
+def test_plain_decoding_when_speculation_cannot_pay():
+    # Drafting doubles even the cheapest round: no acceptance can win at width 2 (<= 2 tokens
+    # for a cost of 2 + ...), and with nothing accepted no width wins.
+    batch = seqs(4)
+    pol = policy(linear_profile(per_token=1.0, base=1.0))
+    teach(pol, batch, [0, 0, 0, 0])
+    assert pol.plan(batch) == [(1, batch)]
+
+
+def test_flat_cost_and_high_acceptance_verify_the_widest_bucket():
+    batch = seqs(3)
+    pol = policy(linear_profile(per_token=0.0))
+    teach(pol, batch, [15, 15, 15])
+    assert pol.plan(batch) == [(16, batch)]
+
+
+def test_plans_are_deterministic_and_split_by_expected_gain():
+    """Per-token cost: sequences that accept much verify a wide block, those that accept
+    nothing decode plainly, in the same round."""
+    batch = seqs(6)
+    plans = []
+    for _ in range(2):
+        pol = policy(linear_profile(per_token=0.15))
+        teach(pol, batch, [12, 0, 9, 0, 15, 0])
+        plans.append(pol.plan(batch))
+    assert plans[0] == plans[1]
+    (width, drafted), (plain_width, plain) = plans[0]
+    assert width in WIDTHS and width > 1 and plain_width == 1
+    assert drafted == [batch[0], batch[2], batch[4]] and plain == [batch[1], batch[3], batch[5]]
+
+
+def test_every_chosen_width_is_a_bucket():
+    rng = np.random.default_rng(0)
+    batch = seqs(8)
+    pol = policy(linear_profile(per_token=0.05))
+    for _ in range(200):
+        plan = pol.plan(batch)
+        assert sum(len(g) for _, g in plan) == len(batch)
+        for width, group in plan:
+            assert width in WIDTHS
+            seats = np.array([s.seat for s in group])
+            pol.observe(seats, width, rng.integers(0, width, len(group)))
+
+
+def test_a_new_request_on_a_seat_starts_from_the_global_estimate():
+    pol = policy(linear_profile(per_token=0.15))
+    old = seqs(2)
+    teach(pol, old, [15, 0])
+    newcomer = [old[0], SimpleNamespace(seat=1)]  # seat 1 now holds another request
+    e = pol.expected_tokens(np.array([0, 1]))
+    pol.plan(newcomer)
+    e_new = pol.expected_tokens(np.array([0, 1]))
+    assert e_new[1, -1] > e[1, -1]  # forgot the old request's zero acceptance
+    assert np.isclose(e_new[0, -1], e[0, -1], rtol=0.1)
+
+
+def test_exploration_rounds_back_off():
+    batch = seqs(2)
+    pol = policy(linear_profile(per_token=1.0), explore_interval=2, max_explore_interval=8)
+    widths = []
+    for _ in range(40):
+        (w, _), *_ = pol.plan(batch)
+        widths.append(w)
+        if w > 1:
+            pol.observe(np.array([0, 1]), w, np.array([0, 0]))
+    explored = [i for i, w in enumerate(widths) if w > 1]
+    assert all(widths[i] == 16 for i in explored)
+    assert np.diff(explored).tolist()[:3] == [4, 8, 8]  # the interval doubles up to its cap
+
+
+def test_fixed_policy_verifies_its_width():
+    batch = seqs(3)
+    assert FixedPolicy(8).plan(batch) == [(8, batch)]
+
+
+def test_cost_profile_interpolates_and_rounds_up_to_graph_sizes():
+    p = CostProfile({1: {1: 1.0, 4: 2.0, 16: 8.0}})
+    assert p.cost(1, 0) == 0.0
+    assert p.cost(1, 1) == 1.0 and p.cost(1, 4) == 2.0
+    assert p.cost(1, 2) == pytest.approx(1 + 1 / 3)
+    assert p.cost(1, 32) == pytest.approx(16.0)  # proportional above the largest
+    p.padded_sizes = [1, 4, 16]
+    assert p.cost(1, 3) == 2.0  # a batch of 3 runs padded to the graph of 4
+    assert probe_batches(32, None) == [1, 4, 16, 32]
+    assert probe_batches(64, [1, 2, 4]) == [1, 2, 4]
+
+
+def test_bad_cost_profiles_are_refused(tmp_path):
+    with pytest.raises(CostProfileError, match="no usable costs for 16"):
+        AutoPolicy(BLOCK, WIDTHS, CostProfile({w: {1: 1.0} for w in WIDTHS[:-1]}), 4, 4)
+    with pytest.raises(CostProfileError, match="no usable costs"):
+        CostProfile({1: {1: -1.0}}).check([1])
+    bad = tmp_path / "p.json"
+    bad.write_text("{not json")
+    with pytest.raises(CostProfileError, match="cannot read"):
+        CostProfile.read(bad)
+    bad.write_text('{"seconds": {"x": {"1": 1}}}')
+    with pytest.raises(CostProfileError, match="not a verify-cost profile"):
+        CostProfile.read(bad)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(spec_policy="greedy"), "spec_policy must be one of auto, fixed"),
+    (dict(spec_policy=None), "spec_policy must be one of"),
+    (dict(num_speculative_tokens=0), "num_speculative_tokens must be a positive integer"),
+    (dict(num_speculative_tokens=-2), "num_speculative_tokens must be a positive integer"),
+    (dict(num_speculative_tokens=True), "num_speculative_tokens must be a positive integer"),
+    (dict(num_speculative_tokens="4"), "num_speculative_tokens must be a positive integer"),
+    (dict(reprofile="yes"), "reprofile must be True or False"),
+    (dict(spec_cost_profile=3), "spec_cost_profile must be a path"),
+])
+def test_bad_settings_are_clear_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig.from_kwargs(None, **kw)
+
+
+def test_more_drafts_than_the_block_is_refused():
+    cfg = EngineConfig.from_kwargs(None, num_speculative_tokens=16)
+    target = SimpleNamespace(max_position_embeddings=128)
+    draft = SimpleNamespace(max_position_embeddings=128, block_size=16, sliding_window=None)
+    with pytest.raises(ValueError, match=r"num_speculative_tokens 16 exceeds .* \(15: its block"):
+        cfg.derive(target, draft)
+    ok = EngineConfig.from_kwargs(None, num_speculative_tokens=5, spec_policy="auto")
+    ok.derive(target, draft)
+    assert ok.verify_widths == [1, 2, 4, 6]
