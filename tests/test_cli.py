@@ -44,6 +44,9 @@ def test_generate_reads_stdin_and_raw_mode(tiny_llama):
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "2"], "top_p"),
     (["--model", "/no/such/model"], "not found"),
+    (["--spec-policy", "greedy"], "invalid choice: 'greedy'"),
+    (["--num-speculative-tokens", "0"], "must be a positive integer, got '0'"),
+    (["--num-speculative-tokens", "x"], "must be a positive integer, got 'x'"),
 ])
 def test_generate_errors_are_clear(tiny_llama, args, message):
     base = ["dspine_engine.cli.generate", "--quiet", "--model", str(tiny_llama)]
@@ -60,11 +63,23 @@ def test_generate_with_draft_prints_tau(tiny_llama, tmp_path):
     assert out.returncode == 0, out.stderr
     stats = json.loads(out.stderr.strip().splitlines()[-1])
     assert stats["tau"] >= 1.0 and len(stats["acceptance_by_position"]) == 15
+    assert stats["spec_policy"] == "auto" and stats["path"]
+    assert sum(stats["verify_lengths"].values()) == stats["rounds"]
+
+
+def test_generate_more_drafts_than_the_block_is_a_clear_error(tiny_llama, tmp_path):
+    write_tiny_random_draft(tmp_path / "draft", seed=1)
+    out = _run(["dspine_engine.cli.generate", "--model", str(tiny_llama), "--draft",
+                str(tmp_path / "draft"), "--num-speculative-tokens", "16", "--quiet", "Hi"])
+    assert out.returncode == 1 and "num_speculative_tokens 16 exceeds" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize("argv,device,expected", [
-    ([], "cuda", "default"),       # the shipped drafter where it pays
-    ([], "cpu", None),             # measured slower than autoregressive on the CPU
+    ([], "cuda", "default"),       # the shipped drafter; the auto policy drafts where it pays
+    ([], "cpu", "default"),        # (plain decoding in the rounds where drafting does not)
+    (["--spec-policy", "fixed"], "cuda", "default"),
+    (["--spec-policy", "fixed"], "cpu", None),  # full blocks measured slower on the CPU
     (["--draft", "default"], "cpu", "default"),
     (["--no-draft"], "cuda", None),
     (["--model", "some/dir"], "cuda", None),  # the shipped drafter fits SmolLM2 only

@@ -1,4 +1,5 @@
-"""Speculative sampling keeps the target's distribution (CPU, fp32).
+"""Speculative sampling keeps the target's distribution (CPU, fp32), with full blocks and with
+dynamic verification (spec_policy="auto", which verifies fewer drafts or none).
 
 On a tiny-vocabulary model (16 tokens) we draw many continuations with plain sampling and with
 speculative sampling (random DSpine draft: its proposals are often rejected, so residual sampling
@@ -101,9 +102,20 @@ def _outcomes(samples):
     return [(s[1], s[2]) for s in samples], [s[3] for s in samples]
 
 
-def _check_distribution(tiny, filters):
+def _auto_policy(tmp_path) -> dict:
+    """Dynamic verification under a cost profile (a round costs b * (1 + 0.3 (w - 1))) where
+    the draft's acceptance makes it choose plain decoding, 1 or 3 drafts as it learns."""
+    seconds = {str(w): {"1": 1 + 0.3 * (w - 1), "512": 512 * (1 + 0.3 * (w - 1))}
+               for w in (1, 2, 4)}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"seconds": seconds}))
+    return dict(spec_policy="auto", spec_cost_profile=str(path))
+
+
+def _check_distribution(tiny, filters, policy: dict | None = None):
     ar = Engine(tiny, progress=False, max_num_seqs=512)
-    spec = Engine(tiny, draft=tiny / "draft", progress=False, max_num_seqs=512)
+    spec = Engine(tiny, draft=tiny / "draft", progress=False, max_num_seqs=512,
+                  **(policy or {}))
     mk = lambda seed0: lambda i: SamplingParams(max_tokens=4, temperature=1.0, seed=seed0 + i,
                                                 ignore_eos=True, **filters)  # noqa: E731
     a_pairs, a_last = _outcomes(_draw(ar, mk(0)))
@@ -111,6 +123,9 @@ def _check_distribution(tiny, filters):
     assert spec.stats.drafted_rounds > 0
     accepted = spec.stats.acceptance_by_position()
     assert 0.05 < accepted[0] < 0.95, "the draft must be accepted sometimes and rejected sometimes"
+    if policy:  # not vacuous: rounds of different lengths, plain ones included
+        assert len(spec.stats.verify_lengths) >= 2 and 0 in spec.stats.verify_lengths, \
+            spec.stats.verify_lengths
     assert _homogeneous(a_pairs, s_pairs) > ALPHA
     assert _homogeneous(a_last, s_last) > ALPHA
 
@@ -118,6 +133,10 @@ def _check_distribution(tiny, filters):
 @pytest.mark.parametrize("filters", [dict(), dict(top_k=6, top_p=0.9)])
 def test_speculative_sampling_matches_target_distribution(tiny, filters):
     _check_distribution(tiny, filters)
+
+
+def test_dynamic_verification_keeps_the_target_distribution(tiny, tmp_path):
+    _check_distribution(tiny, dict(), _auto_policy(tmp_path))
 
 
 def test_speculative_sampling_on_a_hybrid_target_matches_its_distribution(tiny_hybrid):

@@ -100,9 +100,14 @@ class EngineStats:
     accepted_drafts: int = 0
     accepted_by_position: list[int] = dataclasses.field(default_factory=list)
     drafted_rounds: int = 0
+    # Rounds whose verified block held d_j; sized like accepted_by_position when not given.
     verified_by_position: list[int] = dataclasses.field(default_factory=list)
     verify_lengths: dict[int, int] = dataclasses.field(default_factory=dict)  # drafts -> rounds
     busy_seconds: float = 0.0
+
+    def __post_init__(self):
+        if not self.verified_by_position:
+            self.verified_by_position = [0] * len(self.accepted_by_position)
 
     @property
     def tau(self) -> float:
@@ -235,8 +240,7 @@ class Engine:
 
     def reset_stats(self) -> None:
         """Starts the engine-wide totals (`engine.stats`) from zero."""
-        self._driver.stats = EngineStats(accepted_by_position=[0] * (self.block - 1),
-                                         verified_by_position=[0] * (self.block - 1))
+        self._driver.stats = EngineStats(accepted_by_position=[0] * (self.block - 1))
 
     # ------------------------------------------------------------------ setup
     def _identity(self) -> dict:
