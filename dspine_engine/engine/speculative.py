@@ -53,11 +53,11 @@ def _record(s, accepted: int, tokens: int, positions: int) -> None:
     s.accepted_drafts += accepted
     if positions:  # a drafted engine: how many drafts this round verified
         s.verify_lengths[tokens - 1] = s.verify_lengths.get(tokens - 1, 0) + 1
-    if tokens > 1:
-        s.drafted_rounds += 1
         if not s.accepted_by_position:
             s.accepted_by_position = [0] * positions
             s.verified_by_position = [0] * positions
+    if tokens > 1:
+        s.drafted_rounds += 1
         for j in range(accepted):
             s.accepted_by_position[j] += 1
         for j in range(tokens - 1):
