@@ -88,8 +88,16 @@ convert_model() {  # the default model's directory from the staged GGUF (once pe
 quant_cpu_tests() {  # the quantised CPU kernels on this host's CPU (AVX-512 VNNI, which CI lacks)
   { python3 -c "from dspine_engine import ops; print('quant isa', ops.quant_isa())"
     timeout 200 python3 -m pytest -q tests/test_quant_cpu.py -rf; } > $R/logs/quant_cpu.log 2>&1
-  say "quant cpu rc $? : $(head -1 $R/logs/quant_cpu.log) $(tail -1 $R/logs/quant_cpu.log)"
+  local rc=$?
+  say "quant cpu rc $rc : $(head -1 $R/logs/quant_cpu.log) $(tail -1 $R/logs/quant_cpu.log)"
   grep -E "^(FAILED|Fatal)|File .*test_" $R/logs/quant_cpu.log | head -8
+  # A crash (the AVX-512 embedding check): the native frames of the first crashing test.
+  if [ "$rc" = 139 ] && command -v gdb >/dev/null; then
+    local t; t=$(grep -oE "in test_[a-z_0-9]+" $R/logs/quant_cpu.log | head -1 | cut -c4-)
+    timeout 120 gdb -q -batch -ex run -ex bt -ex "info registers rip rsp" -ex "x/6i \$pc" \
+      --args python3 -m pytest -q -x tests/test_quant_cpu.py -k "$t" > $R/logs/quant_cpu_gdb.log 2>&1
+    say "quant cpu crash under gdb: $(grep -E '^#[0-9]' $R/logs/quant_cpu_gdb.log | head -6 | cut -c1-160 | tr '\n' ';')"
+  fi
 }
 
 profile_generator() {  # where one generator rank's host-bound step goes (py-spy, 20 s, raw stacks)

@@ -25,7 +25,7 @@ def prompts():
 def test_shipped_drafter_fits_its_budget():
     weights = sorted(DEFAULT_DRAFTER.glob("*.safetensors"))
     assert weights, f"no drafter shipped in {DEFAULT_DRAFTER}"
-    assert sum(p.stat().st_size for p in weights) <= 24_000_000
+    assert sum(p.stat().st_size for p in weights) <= 40_000_000
     assert all(p.stat().st_size <= 15 * 2**20 for p in weights)
     cfg = json.loads((DEFAULT_DRAFTER / "config.json").read_text())
     assert cfg["architectures"] == ["DSpineDraftModel"]

@@ -77,15 +77,21 @@ class Tokenizer:
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass plain text (e.g. --no-chat)")
         _check_messages(messages)
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                           extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(x, indent=indent,
-                                                                        ensure_ascii=False)
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        template = env.from_string(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+        return self._compiled_template().render(messages=messages, add_generation_prompt=add_generation_prompt,
                                bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def _compiled_template(self) -> jinja2.Template:
+        # Compiled once per template text: compiling took ~6% of the data generator's time when
+        # it was redone for every prompt.
+        if getattr(self, "_template_key", None) != self.chat_template:
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = lambda x, indent=None, **kw: json.dumps(
+                x, indent=indent, ensure_ascii=False)
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._template, self._template_key = env.from_string(self.chat_template), self.chat_template
+        return self._template
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         # The template writes the special tokens itself, so the post-processor must not add more.
