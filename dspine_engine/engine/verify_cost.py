@@ -157,7 +157,7 @@ def load_or_measure(runner, widths, max_batch: int, identity: dict, cache_root: 
             cached.padded_sizes = sizes
             return cached
         batches = missing_b if not missing_w else batches
-    reps = 5 if runner.device.type == "cuda" else 1
+    reps = 5 if runner.device.type == "cuda" else 2  # the CPU: start-up time vs noise
     fresh = measure(runner, widths, batches, reps, progress)
     if cached is not None:
         for w, row in fresh.seconds.items():
