@@ -4,6 +4,7 @@ replaced, raise a raw TypeError/OverflowError, or read past the RoPE table)."""
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -123,3 +124,14 @@ def test_verify_blocks_past_the_context_stay_in_the_rope_tables(tiny_llama, tmp_
     assert eng.target.cos_sin.shape[0] >= reach and eng.draft.bound["cos_sin"].shape[0] >= reach
     res = eng.generate([list(range(5, 505))], SamplingParams(max_tokens=100, ignore_eos=True))[0]
     assert res.finish_reason == "length" and len(res.token_ids) == 12, res.error
+
+
+def test_request_uniforms_are_the_generators_stream_whatever_the_draws():
+    """RequestRNG draws ahead in chunks; every value must still be the seeded generator's next
+    one, in order (what makes a sampled request's output depend on its seed alone)."""
+    from dspine_engine.engine.sampling import RequestRNG
+
+    rng, sizes = RequestRNG(123), [1, 31, 1, 200, 300, 7, 1000, 1]
+    got = np.concatenate([rng.uniforms(n) for n in sizes])
+    want = torch.rand(sum(sizes), generator=torch.Generator().manual_seed(123)).numpy()
+    assert got.dtype == np.float32 and np.array_equal(got, want)

@@ -166,7 +166,7 @@ class ModelRunner:
         h["top_k"][:b] = self._top_k[seats]
         h["top_p"][:b] = self._top_p[seats]
         for i in np.nonzero(self._sampled[seats])[0]:  # greedy rows need no uniforms
-            u = seqs[i].rng.uniforms(width).numpy()
+            u = seqs[i].rng.uniforms(width)
             if width == 1:
                 h["verify_u"][i, 0] = u[0]
             else:
