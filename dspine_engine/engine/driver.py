@@ -52,7 +52,8 @@ class LoopDriver:
             if seq.request_id in self._handles:
                 raise ValueError(f"request id {seq.request_id!r} is already in use")
             self.scheduler.add(seq)
-            handle = RequestHandle(self, seq.request_id, seq.prompt, seq.stats, queue_outputs)
+            handle = RequestHandle(self, seq.request_id, seq.prompt, seq.stats, queue_outputs,
+                                   keep_result=not step_api)
             self._seqs[seq.request_id] = seq
             self._handles[seq.request_id] = handle
             if step_api:
@@ -139,6 +140,7 @@ class LoopDriver:
                 self._deliver(self._finished_output(s, ""))
             return True
         self.stats.busy_seconds += time.perf_counter() - t0
+        self.stats.new_tokens += sum(map(len, new_tokens.values()))
         for seq in batch:
             self._emit(seq, new_tokens.get(seq.request_id, []))
         return True
@@ -154,16 +156,19 @@ class LoopDriver:
 
     # ------------------------------------------------------------------ outputs
     def _emit(self, seq: Sequence, tokens: list[int]) -> None:
-        text = seq.detok.add(tokens) if tokens and seq.detok is not None else ""
-        self.stats.new_tokens += len(tokens)
-        if seq.detok is not None and seq.detok.stopped_by is not None:
-            seq.finish_reason = "stop"
+        """Routes one sequence's tokens of a step (once per sequence and step: kept lean)."""
+        detok, text = seq.detok, ""
+        if detok is not None:
+            if tokens:
+                text = detok.add(tokens)
+            if detok.stopped_by is not None:
+                seq.finish_reason = "stop"
         handle = self._handles[seq.request_id]
         if seq.finish_reason is not None:
             self.scheduler.finish(seq, seq.finish_reason)
             self._deliver(self._finished_output(seq, text, tokens))
         elif handle.wants_deltas:
-            self._put(handle, RequestOutput(seq.request_id, text, tokens, finished=False))
+            self._put(handle, RequestOutput(seq.request_id, text, tokens, False))
         else:
             handle.collect(text, tokens)  # generate(): no per-step output object
 

@@ -22,13 +22,14 @@ from .outputs import GenerationResult, RequestOutput, RequestStats
 
 class RequestHandle:
     def __init__(self, driver, request_id: str, prompt, stats: RequestStats,
-                 queue_outputs: bool = True):
+                 queue_outputs: bool = True, keep_result: bool = True):
         self._driver = driver
         self.request_id = request_id
         self.prompt = prompt
         self._stats = stats  # the sequence's live stats (final once finished)
         self._pending: deque[RequestOutput] = deque()
         self._queue_outputs = queue_outputs  # False: only the result is wanted (generate)
+        self._keep_result = keep_result  # False: no result() reader (the step API): no copy
         self._text: list[str] = []
         self._token_ids: list[int] = []
         self.final: RequestOutput | None = None  # the finished output, once there is one
@@ -40,7 +41,8 @@ class RequestHandle:
         return self._queue_outputs
 
     def put(self, out: RequestOutput) -> None:
-        self.collect(out.new_text, out.new_token_ids)
+        if self._keep_result:
+            self.collect(out.new_text, out.new_token_ids)
         if out.finished:
             self.final = out
         if self._queue_outputs:

@@ -45,18 +45,22 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     def commit(self, tokens: list[int]) -> list[int]:
-        """Appends tokens up to the first stop condition; returns the ones kept."""
-        kept = []
-        for t in tokens:
-            self.output_ids.append(t)
-            kept.append(t)
-            if t in self.stop_ids:
-                self.finish_reason = "stop"
-                break
-            if len(self.output_ids) >= self.params.max_tokens:
+        """Appends tokens up to the first stop condition (a stop token, kept, or max_tokens);
+        returns the ones kept. Once per sequence and round: set operations, no token loop."""
+        out, max_tokens = self.output_ids, self.params.max_tokens
+        room = max_tokens - len(out)
+        if room <= 0 or not tokens:  # (a running sequence always has room)
+            if room <= 0:
                 self.finish_reason = "length"
-                break
-        if self.stats.new_tokens == 0 and kept:
+            return []
+        kept = tokens[:room]
+        if not self.stop_ids.isdisjoint(kept):
+            kept = kept[:next(i for i, t in enumerate(kept) if t in self.stop_ids) + 1]
+            self.finish_reason = "stop"
+        elif len(out) + len(kept) >= max_tokens:
+            self.finish_reason = "length"
+        if not out:
             self.stats.time_to_first_token = time.perf_counter() - self.t_admitted
-        self.stats.new_tokens = len(self.output_ids)
+        out.extend(kept)
+        self.stats.new_tokens = len(out)
         return kept
