@@ -6,7 +6,8 @@ The engine runs a tiny target (and draft) with the model forwards and the block-
 replaced by stubs that return outputs of the right shapes at once, so a round's time is the
 engine's own work: scheduling, cache bookkeeping, input preparation, the host sync, commits,
 detokenisation, statistics and outputs. ``batch`` requests of ``prompt`` tokens are prefilled,
-then ``rounds`` rounds are timed one by one through `Engine.step()` (median, microseconds).
+then ``rounds`` rounds are timed one by one through `Engine.step()` (median, microseconds of
+this thread's CPU time: robust to the other work sharing the cores).
 
 Modes: ``ar`` (no draft, token ids only), ``ar_text`` (no draft, text), ``spec`` (a 16-token
 DSpine block, 2 drafts accepted per round, text), and ``data``: `dspine-train data`'s generator
@@ -47,6 +48,9 @@ from dspine_engine.models.target import TargetModel  # noqa: E402
 
 ACCEPTED = 2  # drafts accepted per speculative round (tau 3, what trained drafters reach)
 TOKEN = 1234  # every generated token: an ordinary word piece (low ids are special tokens)
+# This thread's CPU time, not wall time: the 2 cores here are shared, and time spent preempted
+# is not the engine's (torch runs on this one thread: set_num_threads(1) below).
+CLOCK = time.thread_time
 DATA_END = 1 / 350  # data mode: the chance an answer token is EOS (mean answer ~290 tokens)
 DATA_MAX_NEW = 512  # data mode: the answer cap (dspine-train data --max-new-tokens 512)
 
@@ -137,9 +141,9 @@ def time_rounds(model, draft, batch: int, prompt: int, rounds: int, text: bool) 
         eng.step()
     times = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         outs = eng.step()
-        times.append((time.perf_counter() - t0) * 1e6)
+        times.append((CLOCK() - t0) * 1e6)
         assert len(outs) == batch and not any(o.finished for o in outs), "a request ended"
     for rid in [o.request_id for o in outs]:
         eng.abort(rid)
@@ -169,9 +173,9 @@ def time_data(model, batch: int, admission: int, samples: int) -> dict | None:
 
     def timed_step():
         before = (len(eng.scheduler.running), eng.stats.rounds, eng.stats.new_tokens)
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         outs = step()
-        marks.append((t0, time.perf_counter(), before[0], eng.stats.rounds - before[1],
+        marks.append((t0, CLOCK(), before[0], eng.stats.rounds - before[1],
                       eng.stats.new_tokens - before[2]))
         return outs
 
@@ -198,7 +202,7 @@ def time_data(model, batch: int, admission: int, samples: int) -> dict | None:
     return dict(med, batch=batch, admission_batch=admission, steps=len(its),
                 prefill_share=len(prefill) / max(1, len(its)), tokens_per_decode_step=tokens / n,
                 us_per_decode_step_all_in=all_in, tokens_per_s=tokens / n / all_in * 1e6,
-                wall_tokens_per_s=tokens / secs)
+                cpu_tokens_per_s=tokens / secs)
 
 
 def build_models(tmp: Path) -> tuple[Path, Path]:
@@ -247,11 +251,29 @@ def rows_of_tree(tree: str, argv: list[str]) -> list[dict]:
     """The same measurement with the engine of another checkout (``tree``, e.g. main before a
     change), in a subprocess whose PYTHONPATH puts that tree's dspine_engine first."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()))
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip() or "unknown"
+        env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()), DSPINE_COMMIT=commit)
         subprocess.run([sys.executable, __file__, *argv, "--out", tmp, "--name", "before",
                         "--no-doc"], env=env, check=True, stdout=subprocess.DEVNULL)
         before = json.loads((Path(tmp) / "before.json").read_text())
     return [dict(r, engine=f"before ({before['commit']})") for r in before["rows"]]
+
+
+def median_rows(runs: list[dict]) -> list[dict]:
+    """One row per engine/mode/batch/admission: the median of each number over the repeats."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        key = (r["engine"], r["mode"], r["batch"], r.get("admission_batch"))
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for group in groups.values():
+        row = dict(group[0], repeats=len(group))
+        for k, v in group[0].items():
+            if isinstance(v, float):
+                row[k] = statistics.median(g[k] for g in group)
+        rows.append(row)
+    return rows
 
 
 def tables(rows: list[dict]) -> str:
@@ -289,6 +311,9 @@ def main(argv=None) -> int:
     ap.add_argument("--before", metavar="TREE", default=None,
                     help="also measure the engine of this checkout (e.g. /work/main before a "
                          "change) in a subprocess, rows marked 'before'")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of everything (before and after in turn); each number is the "
+                         "median over them")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--name", default="host_overhead_cpu")
     ap.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
@@ -301,20 +326,22 @@ def main(argv=None) -> int:
     import dspine_engine
 
     info["engine_path"] = str(Path(dspine_engine.__file__).parent)
-    rows = []
-    if args.before:
-        keep = [a for i, a in enumerate(argv) if a != "--before" and (i == 0 or argv[i - 1]
-                                                                      != "--before")]
-        rows += rows_of_tree(args.before, keep)
-    rows += [dict(r, engine=info["commit"]) for r in run_rows(args)]
+    keep = [a for i, a in enumerate(argv) if a not in ("--before", "--repeats")
+            and (i == 0 or argv[i - 1] not in ("--before", "--repeats"))]
+    runs = []
+    for _ in range(args.repeats):  # before and after in turn, so both see the same load
+        if args.before:
+            runs += rows_of_tree(args.before, keep)
+        runs += [dict(r, engine=info["commit"]) for r in run_rows(args)]
+    rows = median_rows(runs)
     result = dict(info, accepted_per_round=ACCEPTED, prompt=args.prompt, rounds=args.rounds,
                   data_end_chance=DATA_END, data_max_new=DATA_MAX_NEW, rows=rows)
     path = save_json(args.name, result, args.out)
     table = tables(rows)
     print(table + f"\n\nwrote {path}")
     if not args.no_doc:
-        note = ("Host time of the engine with the model forwards stubbed out (median per step; "
-                "2 shared cores, noisy). Data mode = `dspine-train data`'s generator loop, "
+        note = ("Host CPU time of the engine with the model forwards stubbed out (median per "
+                "step, this thread's CPU time: the 2 cores are shared). Data mode = `dspine-train data`'s generator loop, "
                 "greedy + 20% sampled at T=1, answers ending at random (mean ~290 tokens, cap "
                 "512), over the steady part of the run; all-in = the loop's time per decode "
                 "step (its share of prefill steps and the generator's work included), from "
