@@ -70,3 +70,20 @@ def test_train_vs_engine_tau_on_a_tiny_target(tiny_llama, tmp_path):
     assert result["records"] == 4 and result["engine"]["responses_identical_to_data"] == "4/4"
     for side in ("trainer", "engine"):
         assert 1.0 <= result[side]["tau"] <= 16.0
+
+
+def test_host_overhead_data_mode(tmp_path, capsys):
+    """The generator's loop with stubbed forwards: rows for each admission setting, and batched
+    admission runs fewer prefill steps (the step counts are deterministic: seeded stubs)."""
+    import host_overhead
+
+    assert host_overhead.main(["--modes", "data", "--batches", "8", "--admission", "1", "4",
+                               "--samples-per-seat", "3", "--out", str(tmp_path), "--no-doc"]) == 0
+    rows = json.loads((tmp_path / "host_overhead_cpu.json").read_text())["rows"]
+    by_admission = {r["admission_batch"]: r for r in rows}
+    assert sorted(by_admission) == [1, 4]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["decode_step_us"] > 0 and r["steps"] > 20
+        assert 0 < r["tokens_per_decode_step"] <= 8
+    assert by_admission[4]["prefill_share"] < by_admission[1]["prefill_share"]
+    assert "| engine | batch | admission |" in capsys.readouterr().out
