@@ -40,7 +40,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from common import RESULTS, markdown_table, run_info, save_json  # noqa: E402
+from common import RESULTS, markdown_table, run_info, save_json, update_doc_section  # noqa: E402
 
 from dspine_engine import Engine, SamplingParams, ops  # noqa: E402
 from dspine_engine.models.dspine import DSpineDraft  # noqa: E402
@@ -215,6 +215,14 @@ def build_models(tmp: Path) -> tuple[Path, Path]:
     return model, write_tiny_random_draft(tmp / "draft", seed=1)
 
 
+DOC_NOTE = ("Host CPU time of the engine with the model forwards stubbed out (median per step, "
+            "this thread's CPU time: the 2 cores are shared). Data mode = `dspine-train data`'s "
+            "generator loop, greedy + 20% sampled at T=1, answers ending at random (mean ~290 "
+            "tokens, cap 512), over the steady part of the run; all-in = the loop's time per "
+            "decode step (its share of prefill steps and the generator's work included), from "
+            "medians; tokens/s = response tokens per decode step / all-in.")
+
+
 def _admissions(batch: int, names: list[str]) -> list[int]:
     return sorted({max(1, batch // 8) if a == "auto" else int(a) for a in names})
 
@@ -340,13 +348,7 @@ def main(argv=None) -> int:
     table = tables(rows)
     print(table + f"\n\nwrote {path}")
     if not args.no_doc:
-        note = ("Host CPU time of the engine with the model forwards stubbed out (median per "
-                "step, this thread's CPU time: the 2 cores are shared). Data mode = `dspine-train data`'s generator loop, "
-                "greedy + 20% sampled at T=1, answers ending at random (mean ~290 tokens, cap "
-                "512), over the steady part of the run; all-in = the loop's time per decode "
-                "step (its share of prefill steps and the generator's work included), from "
-                "medians; tokens/s = response tokens per decode step / all-in.")
-        update_doc_section(args.name, note + "\n\n" + table, info)
+        update_doc_section(args.name, DOC_NOTE + "\n\n" + table, info)
     return 0
 
 
