@@ -1,4 +1,5 @@
-"""Helpers of the tests that stage an engine round by hand (test_engine_gpu.py, and
+"""Helpers of the tests that stage an engine round by hand or compare an engine with plain
+decoding (test_engine_gpu.py, test_spec_policy_gpu.py, and
 test_engine_rounds.py, which checks the same harness on the CPU in CI)."""
 from __future__ import annotations
 
@@ -42,3 +43,17 @@ def pools_whole(engine) -> bool:
     """Every page of every KV pool is free and unpromised (nothing leaked)."""
     return all(c.pool.available == c.pool.free_pages == c.pool.num_pages
                for c in engine.cache.caches)
+
+
+def assert_greedy_lossless(engine, ar_engine_factory, prompts, params, one_by_one: int):
+    """``engine``'s greedy outputs equal a plain engine's (made by ``ar_engine_factory`` and
+    freed before ``engine`` runs), batched and for the first ``one_by_one`` prompts alone; every
+    page comes back."""
+    ar = ar_engine_factory()
+    reference = [r.token_ids for r in ar.generate(prompts, params)]
+    del ar
+    assert [r.token_ids for r in engine.generate(prompts, params)] == reference
+    alone = [engine.generate(p, params)[0].token_ids for p in prompts[:one_by_one]]
+    assert alone == reference[:one_by_one]
+    return reference
+

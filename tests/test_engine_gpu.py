@@ -15,7 +15,7 @@ import torch
 
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
-from engine_rounds import pools_whole, prepared, running_after_rounds
+from engine_rounds import assert_greedy_lossless, pools_whole, prepared, running_after_rounds
 from random_drafts import write_random_draft
 
 pytestmark = pytest.mark.gpu
@@ -163,11 +163,7 @@ def test_drafts_survive_the_verify_replay(spec_engine, real_prompts, batch):
 
 def test_greedy_lossless_on_gpu(spec_engine, smollm2_dir, real_prompts):
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    ar = Engine(smollm2_dir, device="cuda", max_num_seqs=32, progress=False)
-    reference = [r.token_ids for r in ar.generate(real_prompts, params)]
-    del ar
-    batched = spec_engine.generate(real_prompts, params)
-    assert [r.token_ids for r in batched] == reference
-    one_by_one = [spec_engine.generate(p, params)[0].token_ids for p in real_prompts[:8]]
-    assert one_by_one == reference[:8]
+    assert_greedy_lossless(
+        spec_engine, lambda: Engine(smollm2_dir, device="cuda", max_num_seqs=32, progress=False),
+        real_prompts, params, one_by_one=8)
     assert pools_whole(spec_engine)

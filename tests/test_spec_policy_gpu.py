@@ -10,7 +10,7 @@ import torch
 
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
-from engine_rounds import pools_whole, running_after_rounds
+from engine_rounds import assert_greedy_lossless, pools_whole, running_after_rounds
 from test_spec_policy_lossless import write_linear_profile
 
 pytestmark = pytest.mark.gpu
@@ -48,13 +48,9 @@ def test_verify_graph_of_each_width_matches_eager(auto_engine, real_prompts, tok
 def test_greedy_lossless_with_dynamic_verification_on_gpu(auto_engine, smollm2_dir,
                                                            real_prompts):
     params = SamplingParams(max_tokens=96, ignore_eos=True)
-    ar = Engine(smollm2_dir, device="cuda", max_num_seqs=16, progress=False)
-    reference = [r.token_ids for r in ar.generate(real_prompts, params)]
-    del ar
-    batched = auto_engine.generate(real_prompts, params)
-    assert [r.token_ids for r in batched] == reference
-    one_by_one = [auto_engine.generate(p, params)[0].token_ids for p in real_prompts[:4]]
-    assert one_by_one == reference[:4]
+    assert_greedy_lossless(
+        auto_engine, lambda: Engine(smollm2_dir, device="cuda", max_num_seqs=16, progress=False),
+        real_prompts, params, one_by_one=4)
     lengths = auto_engine.stats.verify_lengths
     assert lengths.get(0, 0) > 0 and len([k for k in lengths if k > 0]) >= 2, lengths
     assert pools_whole(auto_engine)
