@@ -3,8 +3,8 @@
 It was trained on an H200 with `dspine-train` (docs/TRAINING.md, "The shipped drafter"); here it
 must fit its size budget, load as the default draft, be accepted often enough that multi-token
 accepts, bonus tokens after partial accepts and rollbacks all happen, and leave greedy output
-exactly the target's on 20 real prompts (10 HumanEval, 10 MT-Bench), 128 new tokens, at batch 1
-and batched.
+exactly the target's on 20 real prompts (10 HumanEval, 10 MT-Bench), 128 new tokens, batched
+(and on every other prompt at batch 1).
 """
 import json
 
@@ -41,7 +41,9 @@ def test_greedy_lossless_shipped_drafter(smollm2_dir, smollm2_engine, prompts):
     stats = eng.stats
     assert stats.tau > 1.2, f"the trained drafter is barely accepted (tau {stats.tau:.2f})"
     assert stats.acceptance_by_position()[1] > 0, "multi-token accepts must happen"
-    one_by_one = [eng.generate(p, params)[0].token_ids for p in prompts]
-    assert one_by_one == reference
+    # Batch 1 on every other prompt (both sets): the random-draft tests cover batch 1 too, and
+    # the 5-layer drafter made this test the suite's longest.
+    one_by_one = [eng.generate(p, params)[0].token_ids for p in prompts[::2]]
+    assert one_by_one == reference[::2]
     for kv in (eng.target_kv, eng.draft_kv):
         assert kv.pool.available == kv.pool.num_pages
