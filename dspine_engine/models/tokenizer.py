@@ -77,8 +77,9 @@ class Tokenizer:
         if not self.chat_template:
             raise ValueError("this model has no chat template; pass plain text (e.g. --no-chat)")
         _check_messages(messages)
-        return self._compiled_template().render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        return self._compiled_template().render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
     def _compiled_template(self) -> jinja2.Template:
         # Compiled once per template text: compiling took ~6% of the data generator's time when
