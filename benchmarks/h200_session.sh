@@ -19,7 +19,8 @@
 #               host's CPU (AVX-512), the serve load benchmark; TEST_K narrows the GPU tests
 #               (pytest -k).                                                         ~7 min
 #   measure     acceptance on HumanEval/MT-Bench at T=0/1 for both drafters, GPU lossless
-#               check, end to end AR vs DSpine vs DFlash, the step table, training speed;
+#               check, end to end AR vs DSpine (fixed and dynamic verification, answers ending
+#               at EOS), the step table, training speed;
 #               returns results + drafters.                                          ~8 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
@@ -41,6 +42,7 @@ BATCH=${BATCH:-$(( 64 / GPUS > 16 ? 64 / GPUS : 16 ))} LR=${LR:-6e-4}  # per-ran
 NUM_PROMPTS=${NUM_PROMPTS:-400000} HELDOUT=${HELDOUT:-384} SEED=${SEED:-1}
 KV_TOKENS=${KV_TOKENS:-400000} MAX_NEW=${MAX_NEW:-512} MAX_SEQS=${MAX_SEQS:-256}  # per rank
 MAGPIE=${MAGPIE:-0.05}  # share of the corpus asked for as the target's own (Magpie) prompts
+MIX=${MIX:-}  # prompt family shares for `dspine-train prompts --mix`, e.g. code=0.36,multiturn=0.16
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
 t0=$(date +%s)
 [ -f $S/commit ] && export DSPINE_COMMIT=$(cat $S/commit)
@@ -120,7 +122,7 @@ if [ "$MODE" = data ]; then
   sync_tree; cd $W; wait_build
   convert_model || exit 1
   timeout 180 python3 -m dspine_engine.cli.train prompts --out $S/prompts.jsonl --num $NUM_PROMPTS \
-    --seed $SEED --magpie-share $MAGPIE --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT --quiet > $R/logs/prompts.log 2>&1
+    --seed $SEED --magpie-share $MAGPIE ${MIX:+--mix $MIX} --heldout-out $S/heldout_prompts.jsonl --heldout-num $HELDOUT --quiet > $R/logs/prompts.log 2>&1
   say "prompts rc $? : $(tail -2 $R/logs/prompts.log | tr '\n' ' ')"
   # One torchrun: DATA_PROCS generator ranks per GPU, each answering every W-th prompt into its
   # own shard; rank 0 merges the shards into data.jsonl at the end (dspine-train merge's rule).
@@ -140,7 +142,7 @@ if [ "$MODE" = data ]; then
   profile_generator &
   # Beside them (the GPU has room): every GPU test, then memcheck over the kernel tests (not the
   # test that provokes the RoPE device assertion on purpose: memcheck counts it as errors).
-  timeout 240 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
+  timeout 300 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; pack
   timeout 90 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
     -k "(paged_attention or walk or block_verify or injection or rope) and not outside_the_table" > $R/logs/memcheck.log 2>&1
@@ -199,9 +201,10 @@ if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR .
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
 ps = mtbench_prompts()[:40] + humaneval_prompts()[:40]
 open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' for p in ps))"
-  timeout 200 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
-    --draft dspine=$R/dspine --draft dflash=$R/dflash --concurrency 64 32 8 1 --out $R --name e2e_h200 \
-    --quiet > $R/logs/e2e.log 2>&1
+  # The answers users get (stop at EOS), AR vs DSpine under fixed and dynamic verification.
+  timeout 300 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
+    --draft dspine=$R/dspine --spec-policy fixed auto --reprofile --stop-at-eos --concurrency 64 32 8 1 \
+    --out $R --name e2e_h200 --quiet > $R/logs/e2e.log 2>&1
   say "e2e rc $?"; pack;; esac
   case " $MEASURE " in *" steps "*)
   timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1

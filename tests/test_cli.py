@@ -139,3 +139,18 @@ def test_generate_cuda_without_cuda(tiny_llama):
                 "--quiet", "hi"])
     assert out.returncode == 1 and "CUDA is not available" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_bench_e2e_stop_at_eos_ends_answers_where_the_model_does(smollm2_engine):
+    """`dspine-bench e2e --stop-at-eos` counts the answers users get; the default counts fixed-
+    length answers (the model writes on past its end-of-sequence token)."""
+    from dspine_engine.cli.bench import throughput
+
+    prompts = ["Answer with one word: what colour is the sky?", "Say hello."]
+    eos = smollm2_engine.tokenizer.eos_token_ids
+    fixed, fixed_ids = throughput(smollm2_engine, prompts, 48, 2)
+    real, real_ids = throughput(smollm2_engine, prompts, 48, 2, stop_at_eos=True)
+    assert all(len(ids) == 48 for ids in fixed_ids) and fixed["tokens"] == 96
+    assert all(len(ids) < 48 and ids[-1] in eos for ids in real_ids)
+    assert real["tokens"] == sum(len(ids) for ids in real_ids)
+    assert all(f[:len(r)] == r for f, r in zip(fixed_ids, real_ids))

@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32],
                    help="requests in flight (default: 1 8 32)")
     e.add_argument("--no-ar", action="store_true", help="skip the autoregressive baseline")
+    e.add_argument("--stop-at-eos", action="store_true",
+                   help="answers end at the end-of-sequence token, as users get them (tau and "
+                        "tokens/s without the text a model writes past its answer); default: "
+                        "every answer is --max-new-tokens long")
     e.add_argument("--spec-policy", nargs="+", choices=("auto", "fixed"), default=["auto"],
                    help="verification policies to run each drafter under, e.g. 'fixed auto' "
                         "(rows named NAME-POLICY; default: auto)")
@@ -125,8 +129,8 @@ def plot_acceptance(curves: dict[str, list[float]], path: Path) -> None:
 
 # ------------------------------------------------------------------------------ e2e
 def throughput(engine, prompts, max_new_tokens: int, concurrency: int,
-               progress: bool = False) -> tuple[dict, list[list[int]]]:
-    """Greedy, fixed-length answers with `concurrency` requests in flight."""
+               progress: bool = False, stop_at_eos: bool = False) -> tuple[dict, list[list[int]]]:
+    """Greedy answers (fixed-length unless `stop_at_eos`) with `concurrency` requests in flight."""
     from .. import SamplingParams
 
     engine.max_num_seqs = concurrency
@@ -137,7 +141,8 @@ def throughput(engine, prompts, max_new_tokens: int, concurrency: int,
     _sync(engine)
     t0 = time.perf_counter()
     results = engine.generate(prompts, SamplingParams(max_tokens=max_new_tokens,
-                                                      ignore_eos=True), progress=progress)
+                                                      ignore_eos=not stop_at_eos),
+                              progress=progress)
     _sync(engine)
     dt = time.perf_counter() - t0
     tokens = sum(len(r.token_ids) for r in results)
@@ -179,7 +184,8 @@ def cmd_e2e(args) -> dict:
                         spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
                         reprofile=args.reprofile and path is not None)
         for c in args.concurrency:
-            row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet)
+            row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet,
+                                   args.stop_at_eos)
             row.update(mode=name)
             if path is not None:
                 s = engine.stats
@@ -204,7 +210,8 @@ def _e2e_result(args, prompts, rows, engine) -> dict:
                     None)
         row["speedup_vs_ar"] = row["tokens_per_second"] / base["tokens_per_second"] if base else None
     return {"rows": rows, "prompts": args.prompts, "num_prompts": len(prompts),
-            "max_new_tokens": args.max_new_tokens, "device": str(engine.device),
+            "max_new_tokens": args.max_new_tokens, "stop_at_eos": args.stop_at_eos,
+            "device": str(engine.device),
             "dtype": str(engine.dtype)}
 
 
