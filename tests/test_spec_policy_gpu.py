@@ -57,6 +57,7 @@ def test_greedy_lossless_with_dynamic_verification_on_gpu(auto_engine, smollm2_d
 
 
 def test_cost_profile_is_measured_through_the_graphs(smollm2_dir, tmp_path, monkeypatch):
+    prompts = real_prompts_small()  # read from the real cache before it is moved
     monkeypatch.setenv("DSPINE_CACHE", str(tmp_path / "cache"))
     eng = Engine(smollm2_dir, draft="default", device="cuda", max_num_seqs=8, progress=False,
                  spec_policy="auto")
@@ -68,7 +69,7 @@ def test_cost_profile_is_measured_through_the_graphs(smollm2_dir, tmp_path, monk
     assert all(sorted(row) == [1, 2, 4, 8] and min(row.values()) > 0 for row in costs.values())
     print("verify cost (ms) by width, batch:",
           {w: {b: round(1e3 * s, 3) for b, s in row.items()} for w, row in costs.items()})
-    out = eng.generate(real_prompts_small(), SamplingParams(max_tokens=32, ignore_eos=True))
+    out = eng.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
     assert all(len(r.token_ids) == 32 for r in out)
     torch.cuda.synchronize()
 
