@@ -348,6 +348,13 @@ def _new_draft(args, target):
     return draft
 
 
+def _twin_config(config, architecture: str = "DSpineDraftModel"):
+    """The DFlash form of a DSpine draft config: the same shape without injection and
+    transition (the architecture name is the one thing a saved twin may spell differently)."""
+    return dataclasses.replace(config, injection=False, transition=False,
+                               architecture=architecture)
+
+
 def _ablation_twin(draft):
     """The DFlash twin of ``draft``: the same config without injection and transition, and the
     same values for every parameter the two share (so both start from one init)."""
@@ -356,8 +363,7 @@ def _ablation_twin(draft):
     if not (draft.config.injection or draft.config.transition):
         raise ValueError("--ablation-out needs a DSpine draft (with injection or transition) "
                          "to ablate")
-    twin = DSpineDraft(dataclasses.replace(draft.config, injection=False, transition=False,
-                                           architecture="DSpineDraftModel"))
+    twin = DSpineDraft(_twin_config(draft.config))
     twin.load_state_dict(draft.state_dict(), strict=False)
     return twin
 
@@ -373,9 +379,7 @@ def _ablation_start(args, draft, target):
         raise ValueError("--ablation-draft continues a previous pair: pass that run's DSpine "
                          "draft as --draft too")
     twin = DSpineDraft.load(Path(args.ablation_draft), progress=not args.quiet)
-    expected = dataclasses.replace(draft.config, injection=False, transition=False,
-                                   architecture=twin.config.architecture)
-    if twin.config != expected:
+    if twin.config != _twin_config(draft.config, twin.config.architecture):
         raise ValueError(f"--ablation-draft {args.ablation_draft} is not the DFlash twin of "
                          f"--draft {args.draft} (the configs differ beyond injection and "
                          "transition)")
