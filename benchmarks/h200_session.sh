@@ -100,6 +100,18 @@ quant_cpu_tests() {  # the quantised CPU kernels on this host's CPU (AVX-512 VNN
       --args python3 -m pytest -q -x tests/test_quant_cpu.py -k "$t" > $R/logs/quant_cpu_gdb.log 2>&1
     say "quant cpu crash under gdb: $(grep -E '^#[0-9]' $R/logs/quant_cpu_gdb.log | head -6 | cut -c1-160 | tr '\n' ';')"
   fi
+  # The CPU-only AddressSanitizer run (which preloads the compiler's libstdc++) passes where this
+  # build crashes on its first C++ exception: the same tests on the compiler's libstdc++ tell a
+  # runtime mismatch (the process loads an older libstdc++ first) from a code fault.
+  if [ "$rc" = 139 ]; then
+    local cxx; cxx=$(command -v c++ || echo /opt/gcc/bin/g++)
+    LD_PRELOAD=$($cxx -print-file-name=libstdc++.so) timeout 200 python3 -m pytest -q \
+      tests/test_quant_cpu.py -rf > $R/logs/quant_cpu_preload.log 2>&1
+    say "quant cpu on the compiler's libstdc++ rc $? : $(tail -1 $R/logs/quant_cpu_preload.log)"
+    python3 -c "from dspine_engine import ops; print('libstdc++ loaded:', {l.split()[-1] for l in
+      open('/proc/self/maps') if 'libstdc++' in l}, 'compiler:', '$($cxx -print-file-name=libstdc++.so)')" \
+      >> $R/logs/quant_cpu_preload.log 2>&1
+  fi
 }
 
 profile_generator() {  # where one generator rank's host-bound step goes (py-spy, 20 s, raw stacks)
