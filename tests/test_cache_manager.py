@@ -7,6 +7,7 @@ import torch
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.engine.cache_manager import PagedCache, PagedKVSpec
 from random_drafts import write_tiny_random_draft
+from test_spec_policy_lossless import write_linear_profile
 
 
 def test_window_rule():
@@ -83,3 +84,42 @@ def test_a_request_that_cannot_fit_is_refused_up_front(tiny_llama):
     with pytest.raises(KVCacheFullError, match="pool holds 4"):
         eng.add_request("hi", SamplingParams(max_tokens=100))
     assert not eng.has_unfinished()
+
+
+def _draft_context(engine, seat: int, positions: np.ndarray) -> torch.Tensor:
+    """The draft cache's K and V of one seat's positions, every layer, stacked."""
+    kv, slots = engine.draft_kv, torch.as_tensor(engine.cache.draft.slots(seat, positions))
+    flat = lambda t: t.view(-1, *t.shape[2:])[slots]  # noqa: E731
+    return torch.stack([flat(t) for t in kv.k + kv.v])
+
+
+def test_plain_rounds_write_the_draft_context_lazily(tiny_llama, tmp_path):
+    """Under plain rounds (a profile where drafting never pays) each position's draft context
+    stays pending, at most a block of it, and is written in one pass when the block is full;
+    what that pass writes equals what a prefill of the same tokens writes."""
+    draft = write_tiny_random_draft(tmp_path / "draft", seed=5)
+    profile = write_linear_profile(tmp_path / "p.json", per_token=10.0)
+    make = lambda: Engine(tiny_llama, draft=draft, progress=False, page_size=4,  # noqa: E731
+                          max_num_seqs=2, spec_policy="auto", spec_cost_profile=str(profile))
+    eng = make()
+    cache, block = eng.cache, eng.block
+    eng.add_request("a prompt of a few tokens", SamplingParams(max_tokens=64, ignore_eos=True))
+    eng.step()  # the prefill
+    seq = eng.scheduler.running[0]
+    pending = []
+    for _ in range(block + 4):
+        eng.step()
+        cache.check_invariants([seq])
+        pending.append(int(cache.pending[seq.seat]))
+    assert pending == list(range(1, block + 1)) + [1, 2, 3, 4]
+    assert eng.stats.drafted_rounds == 0
+    written = int(cache.draft_len[seq.seat])
+    lazy = np.arange(len(seq.prompt_ids), written)  # what the catch-up pass wrote
+    assert len(lazy) == block
+    tokens = (seq.prompt_ids + seq.output_ids)[:written]
+    ref = make()
+    ref.add_request(tokens, SamplingParams(max_tokens=8))
+    ref.step()  # the prefill writes the context of every prompt position
+    torch.testing.assert_close(_draft_context(eng, seq.seat, lazy),
+                               _draft_context(ref, ref.scheduler.running[0].seat, lazy),
+                               atol=1e-4, rtol=1e-3)

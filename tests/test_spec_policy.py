@@ -99,18 +99,32 @@ def test_a_new_request_on_a_seat_starts_from_the_global_estimate():
     assert np.isclose(e_new[0, -1], e[0, -1], rtol=0.1)
 
 
-def test_exploration_rounds_back_off():
-    batch = seqs(2)
-    pol = policy(linear_profile(per_token=1.0), explore_interval=2, max_explore_interval=8)
-    widths = []
-    for _ in range(40):
+def explored_rounds(pol, batch, rounds: int) -> list[int]:
+    """The rounds (indices) at which ``pol`` explored, nothing ever being accepted."""
+    seats = np.array([s.seat for s in batch])
+    explored = []
+    for i in range(rounds):
         (w, _), *_ = pol.plan(batch)
-        widths.append(w)
         if w > 1:
-            pol.observe(np.array([0, 1]), w, np.array([0, 0]))
-    explored = [i for i, w in enumerate(widths) if w > 1]
-    assert all(widths[i] == 16 for i in explored)
+            assert w == BLOCK  # exploration verifies the widest bucket
+            explored.append(i)
+            pol.observe(seats, w, np.zeros(len(batch), int))
+    return explored
+
+
+def test_exploration_rounds_back_off():
+    pol = policy(linear_profile(per_token=1.0), explore_interval=2, max_explore_interval=8,
+                 explore_budget=float("inf"))
+    explored = explored_rounds(pol, seqs(2), 40)
     assert np.diff(explored).tolist()[:3] == [4, 8, 8]  # the interval doubles up to its cap
+
+
+def test_exploration_costs_at_most_its_budget():
+    # A 16-token round costs 16 plain ones: exploring costs 15 plain rounds' time, so under a
+    # 5% budget every 300th round explores (not every 2nd, the interval).
+    pol = policy(linear_profile(per_token=1.0), explore_interval=2, explore_budget=0.05)
+    explored = explored_rounds(pol, seqs(2), 700)
+    assert np.diff([-1] + explored).tolist() == [300, 300]
 
 
 def test_fixed_policy_verifies_its_width():

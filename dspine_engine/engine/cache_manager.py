@@ -13,7 +13,8 @@ State lives in per-seat numpy arrays, so a round's bookkeeping is vectorised ove
 Python loops only over the few sequences that gain or lose a page. Lengths (one owner):
 - ``kv_len[seat]``: target K/V positions held = the anchor's position;
 - ``draft_len[seat]``: draft context positions written; ``pending[seat]``: verified positions
-  whose draft context is written at the start of the next draft forward. Between rounds
+  whose draft context is written at the start of the next draft forward (at most a block:
+  plain rounds let it grow until the runner writes it, runner.catch_up_context). Between rounds
   ``draft_len + pending == kv_len`` (`check_invariants`).
 
 Block tables are per seat, on the host, with a device mirror updated by deltas (the entries
@@ -286,15 +287,22 @@ class CacheManager:
         self.flush()
         return seats
 
-    def commit(self, seats: np.ndarray, accepted: np.ndarray) -> None:
+    def commit(self, seats: np.ndarray, accepted: np.ndarray,
+               context_written: bool = True) -> None:
         """After verification: the anchor and ``accepted`` drafts stay, the rest rolls back,
-        their draft context is pending, and draft pages leaving the window are freed."""
+        their draft context is pending, and draft pages leaving the window are freed.
+        ``context_written``: the round wrote the previously pending draft context (a draft
+        forward, or a plain round's catch-up); else it stays pending and this round's
+        positions join it."""
         p = self.kv_len[seats]
         new_len = p + accepted + 1
         self.kv_len[seats] = new_len
         if self.draft is not None:
-            self.draft_len[seats] = p  # this round's draft forward wrote the previous pending
-            self.pending[seats] = accepted + 1
+            if context_written:
+                self.draft_len[seats] = p
+                self.pending[seats] = accepted + 1
+            else:
+                self.pending[seats] += accepted + 1
         for c in self.caches:
             c.commit(seats, new_len)
         if self.recurrent is not None:

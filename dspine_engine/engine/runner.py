@@ -145,6 +145,16 @@ class ModelRunner:
     def padding_round(self, b: int, tokens: int) -> None:
         """One whole round on ``b`` padding rows (they read page 0 and write nothing) at
         ``tokens`` verified per row, host sync included: what verify_cost.py times."""
+        self.stage_padding(b, tokens)
+        if tokens > 1:
+            self.propose()
+        elif self.draft is not None:
+            self.catch_up_context()
+        self.verify()
+        self.accept()
+
+    def stage_padding(self, b: int, tokens: int) -> None:
+        """Prepares a round of ``b`` padding rows at ``tokens`` verified per row."""
         self._tokens = tokens
         self._use_graph = self.graphs is not None and self.graphs.fits(b)
         n = self.graphs.padded(b) if self._use_graph else b
@@ -153,12 +163,6 @@ class ModelRunner:
         self._width = self.cache.target.max_pages if self._use_graph else -(-self.block //
                                                                            self.cache.page_size)
         self._b, self._n = b, n
-        if tokens > 1:
-            self.propose()
-        elif self.draft is not None:
-            self.ingest_pending()
-        self.verify()
-        self.accept()
 
     def _stage_sampling(self, seqs, seats: np.ndarray, b: int, n: int, width: int) -> None:
         h, blk = self.inputs.host, self.block
@@ -173,13 +177,23 @@ class ModelRunner:
                 h["walk_u"][i] = u[:blk - 1]
                 h["verify_u"][i] = u[blk - 1:]
 
-    def ingest_pending(self) -> None:
-        """For a round that verifies no drafts: writes the pending draft context (what the
-        draft forward would have written), so the next drafted round sees every position."""
+    def catch_up_context(self) -> bool:
+        """For a round that verifies no drafts. The draft context of committed positions is
+        written lazily: each plain round only adds its position's taps to the seat's buffer
+        (up to a block of rows, `_verify_body`), and the next draft forward writes them all,
+        as it does after a drafted round. Only when some sequence's buffer is full are the
+        pending rows written here, in one batched pass (so a long run of plain rounds pays one
+        draft-context write per block of tokens, not one per token). Returns whether it wrote
+        (then nothing is pending: the cache manager is told through `commit`)."""
+        b = self._b
+        if not (self.inputs.host["pending"][:b] >= self.block).any():
+            return False
         if self._use_graph and self.graphs is not None:
             self.graphs.replay("ingest", self._n)
         else:
             self._ingest_body(self._n, self._width)
+        self.inputs.dev["pending"][:self._n].zero_()  # this round's taps go to row 0
+        return True
 
     def propose(self) -> None:
         """Draft forward of the prepared round: writes the pending context rows, drafts B-1
@@ -254,8 +268,20 @@ class ModelRunner:
         logits, taps = self.target.forward(tokens.reshape(-1), meta, self.target_kv.k,
                                            self.target_kv.v, tap_layers=self.taps)
         if taps is not None:
-            self._taps[:, :blk].index_copy_(0, d["seats"][:n].long(), taps.view(n, blk, -1))
+            self._store_taps(taps.view(n, blk, -1), n)
         return logits.view(n, blk, -1)
+
+    def _store_taps(self, taps: torch.Tensor, n: int) -> None:
+        """Keeps the verified block's taps per seat for the next draft context: a drafted
+        round's block from row 0 (its draft forward wrote what was pending), a plain round's
+        one row after the rows still pending (see `catch_up_context`)."""
+        seats = self.inputs.dev["seats"][:n].long()
+        blk = taps.shape[1]
+        if blk > 1:
+            self._taps[:, :blk].index_copy_(0, seats, taps)
+        else:
+            rows = self.inputs.dev["pending"][:n].long().clamp(max=self.block - 1)
+            self._taps.index_put_((seats, rows), taps[:, 0])
 
     def _verify_graph(self, tokens: int) -> str:
         return "verify" if tokens == self.block else f"verify{tokens}"

@@ -72,8 +72,9 @@ class Scheduler:
         """Pages for this round's blocks; returns the batch's seats."""
         return self.cache.prepare_round(seqs)
 
-    def verified(self, seats: np.ndarray, accepted: np.ndarray) -> None:
-        self.cache.commit(seats, accepted)
+    def verified(self, seats: np.ndarray, accepted: np.ndarray,
+                 context_written: bool = True) -> None:
+        self.cache.commit(seats, accepted, context_written)
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         seq.status = Status.FINISHED

@@ -15,8 +15,11 @@ groups: the ``m`` sequences with the highest expected gain verify ``w`` tokens, 
 one; (w, m) maximise expected committed tokens per predicted second,
 ``(sum_top_m E_i(w) + (b - m)) / (cost(w, m) + cost(1, b - m))``, against plain decoding of the
 whole batch. Given a cost profile and the statistics the plan is deterministic. When plain
-decoding wins for a while, an exploration round verifies the widest bucket for everyone
-(interval doubling while it keeps not paying), so estimates never freeze.
+decoding wins for a while, an exploration round verifies the widest bucket for everyone, so
+estimates never freeze: after ``explore_interval`` plain rounds (doubling while it keeps not
+paying), and only once the plain rounds since the last drafted one have cost enough that the
+exploration's extra cost is at most ``explore_budget`` of them (where a drafted round costs
+many decode steps, as on a CPU, exploring then costs at most that fraction of the time).
 
 Any plan is lossless: verifying fewer drafts only cuts the accepted prefix shorter (the token
 at the cut is the target's own choice at that position).
@@ -65,7 +68,8 @@ class AutoPolicy:
     def __init__(self, block: int, widths: list[int], cost: CostProfile, max_seats: int,
                  max_batch: int, prior: float = 0.5, prior_weight: float = 4.0,
                  global_weight: float = 2.0, forget: float = 0.97, global_forget: float = 0.999,
-                 explore_interval: int = 32, max_explore_interval: int = 1024):
+                 explore_interval: int = 32, max_explore_interval: int = 1024,
+                 explore_budget: float = 0.02):
         if 1 not in widths or any(w > block for w in widths):
             raise ValueError(f"verify widths {widths} must include 1 and not exceed the block "
                              f"of {block}")
@@ -87,7 +91,9 @@ class AutoPolicy:
         self._base_interval = explore_interval
         self._interval = explore_interval
         self._max_interval = max_explore_interval
+        self._explore_budget = explore_budget
         self._since_drafted = 0
+        self._plain_seconds = 0.0  # predicted time of the plain rounds since the last drafted
 
     # ----------------------------------------------------------------- estimates
     def global_acceptance(self) -> np.ndarray:
@@ -110,18 +116,25 @@ class AutoPolicy:
         self._hit[seats] *= self.forget
         width, chosen = self.choose(seats)
         if width == 1:
-            self._since_drafted += 1
-            if self._since_drafted >= self._interval:  # explore: observe every position
+            if self._explore_now(len(seqs)):  # observe every position
                 self._interval = min(2 * self._interval, self._max_interval)
-                self._since_drafted = 0
+                self._since_drafted, self._plain_seconds = 0, 0.0
                 return [(self.widths[-1], seqs)]
             return [(1, seqs)]
-        self._since_drafted, self._interval = 0, self._base_interval
+        self._since_drafted, self._interval, self._plain_seconds = 0, self._base_interval, 0.0
         mask = np.zeros(len(seqs), bool)
         mask[chosen] = True
         drafted = [s for s, keep in zip(seqs, mask) if keep]
         plain = [s for s, keep in zip(seqs, mask) if not keep]
         return [(width, drafted)] + ([(1, plain)] if plain else [])
+
+    def _explore_now(self, b: int) -> bool:
+        """Counts a plain round; True when the next one should explore instead."""
+        self._since_drafted += 1
+        self._plain_seconds += self._cost[1][b]
+        extra = self._cost[self.widths[-1]][b] - self._cost[1][b]
+        return (self._since_drafted >= self._interval
+                and extra <= self._explore_budget * self._plain_seconds)
 
     def choose(self, seats: np.ndarray) -> tuple[int, np.ndarray]:
         """The round's width and the indices (into ``seats``) that verify at it; (1, all) when

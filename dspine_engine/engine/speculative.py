@@ -2,8 +2,8 @@
 
 Without a draft the same round is plain autoregressive decoding (a block of one token). With a
 draft, the verification policy (spec_policy.py) splits the batch into at most two groups, each
-verifying its own number of tokens per sequence (1 = a plain decode step, which only writes
-the pending draft context); each group is one round of its own.
+verifying its own number of tokens per sequence (1 = a plain decode step, which keeps its
+position's draft context pending: runner.catch_up_context); each group is one round of its own.
 The only host sync of a group's round is reading the accepted lengths and tokens back (in
 `runner.accept`): the host needs them to decide each sequence's next positions and stops.
 """
@@ -29,14 +29,14 @@ def _verify_group(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence
                   stats, policy) -> dict[str, list[int]]:
     seats = scheduler.prepare_round(seqs)
     runner.prepare_round(seqs, seats, tokens)
-    drafted = tokens > 1
+    drafted, context_written = tokens > 1, True
     if drafted:
         runner.propose()
     elif runner.draft is not None:
-        runner.ingest_pending()
+        context_written = runner.catch_up_context()
     runner.verify()
     accept, out = runner.accept()
-    scheduler.verified(seats, accept)
+    scheduler.verified(seats, accept, context_written)
     if policy is not None:
         policy.observe(seats, tokens, accept)
     _record_batch(stats, accept, tokens)

@@ -2,9 +2,9 @@
 verified per sequence and the number of sequences, measured once per device/model/dtype.
 
 What is timed is the runner's own round, on padding rows (they read page 0 and write nothing):
-staging, the draft forward (or, for a one-token round of a drafted engine, only the write of the
-pending draft context), the verify forward over ``tokens`` positions, and block verify with its
-host sync; through the CUDA graphs when the engine has them. So the table holds what a real
+staging, the draft forward (a one-token round of a drafted engine has none: it keeps its
+position's draft context pending, and the batched catch-up once per block of such rounds is left
+out), the verify forward over ``tokens`` positions, and block verify with its host sync; through the CUDA graphs when the engine has them. So the table holds what a real
 round costs at a short context, host work included (long contexts add attention time the probe
 does not see; the policy's choice is a ratio of costs, which that shifts little).
 
@@ -29,7 +29,9 @@ from tqdm.auto import tqdm
 
 # Batch sizes probed on the CPU (no graphs): geometric, interpolated in between.
 CPU_PROBE_BATCHES = (1, 4, 16, 64)
-PROFILE_VERSION = 1
+# Part of the cache key: bumped when what a round does changes (2: plain rounds of a drafted
+# engine no longer write the draft context every round), so older profiles are measured again.
+PROFILE_VERSION = 2
 
 
 class CostProfileError(ValueError):
@@ -95,7 +97,8 @@ class CostProfile:
 
 def profile_key(engine_identity: dict) -> str:
     """A file name for the profile of one device/model/dtype combination."""
-    blob = json.dumps(engine_identity, sort_keys=True, default=str)
+    blob = json.dumps({**engine_identity, "profile_version": PROFILE_VERSION}, sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
