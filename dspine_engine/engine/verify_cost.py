@@ -4,7 +4,8 @@ verified per sequence and the number of sequences, measured once per device/mode
 What is timed is the runner's own round, on padding rows (they read page 0 and write nothing):
 staging, the draft forward (a one-token round of a drafted engine has none: it keeps its
 position's draft context pending, and the batched catch-up once per block of such rounds is left
-out), the verify forward over ``tokens`` positions, and block verify with its host sync; through the CUDA graphs when the engine has them. So the table holds what a real
+out), the verify forward over ``tokens`` positions, and block verify with its host sync;
+through the CUDA graphs when the engine has them. So the table holds what a real
 round costs at a short context, host work included (long contexts add attention time the probe
 does not see; the policy's choice is a ratio of costs, which that shifts little).
 
