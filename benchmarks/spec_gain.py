@@ -25,14 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import RESULTS, run_info, save_json  # noqa: E402
 
 WIDTHS = (1, 2, 4, 8, 16)
 
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
     p.add_argument("--acceptance", default=str(ROOT / "benchmarks/results/h200_run5/"
                                                       "accept_cuda.json"))
     p.add_argument("--draft-name", default="dspine", help="the acceptance rows' draft name")
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results"))
+    p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
 
     import torch
@@ -111,18 +111,10 @@ def main(argv=None) -> int:
                "predicted_gain": {name: {w: expected_tokens(a, w) * step / t[f"w{w}/{b}"]
                                          for w in WIDTHS} for name, a in accept.items()}}
         rows.append(row)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    result = {"info": {"device": str(ar.device), "threads": torch.get_num_threads(),
-                       "dtype": str(dr.dtype), "quantized": dr.quantized,
-                       "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "commit": commit,
-                       "acceptance": str(args.acceptance),
-                       "command": " ".join(["python benchmarks/spec_gain.py",
-                                            *(argv or sys.argv[1:])])},
-              "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"spec_gain_{ar.device.type}.json").write_text(json.dumps(result, indent=2) + "\n")
+    info = run_info(args.device)
+    info.update(threads=torch.get_num_threads(), dtype=str(dr.dtype), quantized=dr.quantized,
+                acceptance=str(args.acceptance))
+    save_json(f"spec_gain_{ar.device.type}", {"info": info, "rows": rows}, Path(args.out))
     print("| batch | AR step ms | draft fwd (steps) | round w=1 / 2 / 4 / 8 / 16 (steps) | "
           + " | ".join(f"gain {n}" for n in accept) + " |")
     print("|---|---|---|---|" + "---|" * len(accept))
