@@ -104,12 +104,12 @@ quant_cpu_tests() {  # the quantised CPU kernels on this host's CPU (AVX-512 VNN
   # build crashes on its first C++ exception: the same tests on the compiler's libstdc++ tell a
   # runtime mismatch (the process loads an older libstdc++ first) from a code fault.
   if [ "$rc" = 139 ]; then
-    local cxx; cxx=$(command -v c++ || echo /opt/gcc/bin/g++)
-    LD_PRELOAD=$($cxx -print-file-name=libstdc++.so) timeout 200 python3 -m pytest -q \
+    local lib; lib=$($(command -v c++ || echo /opt/gcc/bin/g++) -print-file-name=libstdc++.so)
+    LD_PRELOAD=$lib timeout 200 python3 -m pytest -q \
       tests/test_quant_cpu.py -rf > $R/logs/quant_cpu_preload.log 2>&1
     say "quant cpu on the compiler's libstdc++ rc $? : $(tail -1 $R/logs/quant_cpu_preload.log)"
     python3 -c "from dspine_engine import ops; print('libstdc++ loaded:', {l.split()[-1] for l in
-      open('/proc/self/maps') if 'libstdc++' in l}, 'compiler:', '$($cxx -print-file-name=libstdc++.so)')" \
+      open('/proc/self/maps') if 'libstdc++' in l}, 'compiler:', '$lib')" \
       >> $R/logs/quant_cpu_preload.log 2>&1
   fi
 }
