@@ -31,6 +31,7 @@
 #                    staged through h200_prepare.sh's INIT_DIRS as /root/stage/init/<name>)
 #   INIT_TWIN=DIR    the DFlash twin to start from (the previous run's), so both accumulate
 #                    the same budget; without it the twin starts from INIT_DRAFT's weights.
+#                    With INIT_TWIN alone, INIT_DRAFT is the shipped drafter (the tree's).
 set -u
 MODE=${1:-}
 W=/root/work S=/root/stage R=/root/stage/results
@@ -190,6 +191,8 @@ fi
 
 if [ "$MODE" = fit ]; then
   sync_tree; cd $W
+  # A twin continues a pair: its DSpine half is the shipped drafter unless INIT_DRAFT says otherwise.
+  [ -n "${INIT_TWIN:-}" ] && INIT_DRAFT=${INIT_DRAFT:-$W/dspine_engine/drafters/smollm2-135m-dspine}
   init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
   [ -n "${INIT_TWIN:-}" ] && init="$init --ablation-draft $INIT_TWIN"
   python3 -m torch.distributed.run --nproc-per-node $GPUS -m dspine_engine.cli.train fit --data $S/data.jsonl \
