@@ -16,7 +16,7 @@ is the expected tokens of a round verifying w - 1 drafts (P from the acceptance 
 block verified) and t_AR the autoregressive step: above 1 the width beats plain decoding.
 
     python benchmarks/spec_gain.py [--device cpu] [--batches 1 8] [--trials 5]
-        [--acceptance benchmarks/results/h200_run5/accept_cuda.json] [--out DIR]
+        [--acceptance benchmarks/results/h200_run6/accept_cuda.json] [--out DIR]
 
 Writes DIR/spec_gain_<device>.json and prints a markdown table.
 """
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--trials", type=int, default=5, help="alternating trials (median kept)")
     p.add_argument("--reps", type=int, default=5, help="calls per trial (median kept)")
-    p.add_argument("--acceptance", default=str(ROOT / "benchmarks/results/h200_run5/"
+    p.add_argument("--acceptance", default=str(ROOT / "benchmarks/results/h200_run6/"
                                                       "accept_cuda.json"))
     p.add_argument("--draft-name", default="dspine", help="the acceptance rows' draft name")
     p.add_argument("--out", default=str(RESULTS))
