@@ -6,7 +6,8 @@ Qwen3.8-27B-shaped hybrid target (16 key / 48 value heads of 128, conv over 1024
 Two tables:
 - kernels: our ops against the PyTorch reference of dspine_engine.ops and transformers' torch
   implementation (torch_recurrent/chunk_gated_delta_rule, causal_conv1d_fn) for decode, a verify
-  block, the replay, prefill and the conv, with the state bytes each moves;
+  block, the replay, prefill and the conv, with the state bytes each moves (transformers'
+  outputs are checked against ours once before it is timed: the same math or no number);
 - rollback per round: what keeping the round undoable costs, summed over the 48 layers:
   * replay (chosen): the verify records (k^, u, g) per token in a ring and leaves the checkpoint,
     then the accepted prefix is replayed onto it (gated_delta_replay, all layers in one call);
@@ -21,7 +22,9 @@ Times: median of --iters runs (CUDA: L2 flushed before each run, benchmarks/kern
 CPU: perf_counter). CUDA runs in bf16 activations with the fp32 state; the CPU in fp32 on
 smaller batches (--cpu-batches) and fewer layers (the per-layer cost is what scales).
 
-    python benchmarks/gated_delta.py [--batches 1 8 32] [--iters N] [--out DIR]
+    python benchmarks/gated_delta.py [--batches 1 8 32] [--iters N] [--tiny] [--out DIR]
+
+--tiny runs a tiny GQA layer (TINY_LAYER) instead, a smoke run of the same code in seconds.
 
 Writes DIR/gated_delta_<device>.json and prints markdown tables.
 """
@@ -36,13 +39,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import RESULTS, markdown_table, run_info, save_json  # noqa: E402
+from kernel_cases import rel_err  # noqa: E402
 
 from dspine_engine import ops  # noqa: E402
 from dspine_engine.engine.engine import resolve_device  # noqa: E402
 
 # The linear-attention layer of Qwen3.8-27B (its config.json's text_config).
 LAYER = dict(hk=16, hv=48, dk=128, dv=128, kernel=4, layers=48)
+# --tiny: a CPU smoke run in seconds, still with 3 value heads per key head (GQA)
+TINY_LAYER = dict(hk=2, hv=6, dk=16, dv=32, kernel=4, layers=3)
 BLOCK = 16
 EMPTY = torch.empty(0)
 
@@ -106,68 +113,118 @@ class Layer:
         return fn(*self.inputs(), self.state, self.slots, self.cu, self.n)
 
     def hf_inputs(self):
-        """transformers' layout: [batch, tokens, heads, dim], g and beta precomputed."""
+        """transformers' layout: [batch, tokens, heads, dim], g and beta precomputed, q and k
+        repeated to the value heads as the Qwen3-Next layer does before its call
+        (repeat_interleave: value head h reads key head h // (Hv / Hk), as our kernels and
+        ops._expand_k_heads do). Older transformers' functions require this; newer ones repeat
+        only when the head counts differ, so both compute the same thing from these inputs."""
         shape = lambda t: t.view(self.batch, self.n, *t.shape[1:])  # noqa: E731
+        per_key_head = self.v.shape[1] // self.k.shape[1]
+        heads = lambda t: shape(t).repeat_interleave(per_key_head, dim=2)  # noqa: E731
         g = -self.a_log.exp() * torch.nn.functional.softplus(self.a.float() + self.dt_bias)
-        return (shape(self.q), shape(self.k), shape(self.v), shape(g),
+        return (heads(self.q), heads(self.k), shape(self.v), shape(g),
                 shape(self.b.float().sigmoid()))
+
+    def hf_check(self, ours, hf, state_written: bool, tol: float) -> float:
+        """Runs ours and transformers' call once from the same state and returns the larger
+        relative error of the outputs (and of the final states, where ours writes its state
+        back); raises above `tol`, so that the transformers column never times other math.
+        The state is put back as it was."""
+        start = self.state.clone()
+        hf_out, hf_state = hf()
+        out = ours()
+        err = rel_err(out, hf_out.reshape(out.shape))
+        if state_written:
+            err = max(err, rel_err(self.state, hf_state))
+        self.state.copy_(start)
+        return checked_against_transformers(err, tol, f"gated delta rule, batch {self.batch}, "
+                                                      f"{self.n} tokens")
+
+
+def checked_against_transformers(err: float, tol: float, what: str) -> float:
+    if not err < tol:
+        raise RuntimeError(f"transformers' {what} differs from ours: relative error {err:.2e} "
+                           f"> {tol}, so its time would not be comparable")
+    return err
 
 
 def state_bytes(batch: int, shape: dict = LAYER) -> int:
     return batch * shape["hv"] * shape["dk"] * shape["dv"] * 4
 
 
-def kernel_rows(device, dtype, batches, timer, with_reference: bool) -> list[dict]:
+def prefill_sizes(device, tiny: bool) -> tuple:
+    """(batch, tokens) of the prefill rows (the tiny one crosses a 64-token chunk boundary)."""
+    if tiny:
+        return ((2, 70),)
+    return ((1, 4096), (4, 1024)) if device.type == "cuda" else ((1, 256),)
+
+
+def kernel_rows(device, dtype, batches, timer, with_reference: bool, shape: dict = LAYER,
+                prefills: tuple = ((1, 256),)) -> list[dict]:
     from transformers.models.qwen3_next.modeling_qwen3_next import (
         causal_conv1d_fn, torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule)
 
     rows = []
+    # ours vs transformers once per row, before timing (bf16: both round their outputs)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
 
-    def add(name, batch, tokens, moved, ours, ref=None, hf=None):
+    def add(name, batch, tokens, moved, ours, ref=None, hf=None, hf_err=None):
         us = timer(ours)
         row = dict(op=name, batch=batch, tokens=tokens, ours_us=us,
                    ours_GBps=moved / us / 1e3 if moved else None,
                    reference_us=timer(ref, iters=3) if (ref and with_reference) else None,
-                   transformers_us=timer(hf, iters=5) if hf else None)
+                   transformers_us=timer(hf, iters=5) if hf else None,
+                   transformers_rel_err=hf_err)
         rows.append(row)
 
+    def hf_recurrent(layer):
+        return lambda: torch_recurrent_gated_delta_rule(
+            *layer.hf_inputs(), initial_state=layer.state, output_final_state=True,
+            use_qk_l2norm_in_kernel=True)
+
     for batch in batches:
-        one = Layer(batch, 1, device, dtype)
-        add("decode (recurrent, in place)", batch, 1, 2 * state_bytes(batch), one.recurrent,
-            lambda: one.recurrent(fn=ops.gated_delta_recurrent_ref),
-            lambda: torch_recurrent_gated_delta_rule(*one.hf_inputs(), initial_state=one.state,
-                                                     output_final_state=True,
-                                                     use_qk_l2norm_in_kernel=True))
-        blk = Layer(batch, BLOCK, device, dtype, ring=BLOCK)
-        add("verify block 16 (ring, checkpoint kept)", batch, BLOCK, state_bytes(batch),
+        one = Layer(batch, 1, device, dtype, shape=shape)
+        add("decode (recurrent, in place)", batch, 1, 2 * state_bytes(batch, shape),
+            one.recurrent,
+            lambda: one.recurrent(fn=ops.gated_delta_recurrent_ref), hf_recurrent(one),
+            one.hf_check(one.recurrent, hf_recurrent(one), True, tol))
+        blk = Layer(batch, BLOCK, device, dtype, ring=BLOCK, shape=shape)
+        add("verify block 16 (ring, checkpoint kept)", batch, BLOCK, state_bytes(batch, shape),
             lambda: blk.recurrent(ring=blk.ring),
             lambda: blk.recurrent(ring=blk.ring, fn=ops.gated_delta_recurrent_ref),
-            lambda: torch_recurrent_gated_delta_rule(*blk.hf_inputs(), initial_state=blk.state,
-                                                     output_final_state=True,
-                                                     use_qk_l2norm_in_kernel=True))
+            hf_recurrent(blk),
+            blk.hf_check(lambda: blk.recurrent(ring=blk.ring), hf_recurrent(blk), False, tol))
         accepted = torch.full((batch,), BLOCK // 2, dtype=torch.int32, device=device)
-        add("replay 8 of 16 (one layer)", batch, BLOCK // 2, 2 * state_bytes(batch),
+        add("replay 8 of 16 (one layer)", batch, BLOCK // 2, 2 * state_bytes(batch, shape),
             lambda: ops.gated_delta_replay(blk.state, *blk.ring, blk.slots, accepted),
             lambda: ops.gated_delta_replay_ref(blk.state, *blk.ring, blk.slots, accepted))
-        conv_dim = 2 * LAYER["hk"] * LAYER["dk"] + LAYER["hv"] * LAYER["dv"]
+        conv_dim = 2 * shape["hk"] * shape["dk"] + shape["hv"] * shape["dv"]
         x = torch.randn(batch * BLOCK, conv_dim, device=device).to(dtype)
-        w = torch.randn(conv_dim, LAYER["kernel"], device=device).to(dtype)
-        window = torch.zeros(batch, LAYER["kernel"] - 1 + BLOCK, conv_dim, device=device,
+        w = torch.randn(conv_dim, shape["kernel"], device=device).to(dtype)
+        window = torch.zeros(batch, shape["kernel"] - 1 + BLOCK, conv_dim, device=device,
                              dtype=dtype)
         cu = torch.arange(0, batch * BLOCK + 1, BLOCK, dtype=torch.int32, device=device)
         slots = torch.arange(batch, dtype=torch.int32, device=device)
-        add("conv1d, verify block 16", batch, BLOCK, None,
-            lambda: ops.causal_conv1d(x, w, window, slots, cu, BLOCK, True),
-            lambda: ops.causal_conv1d_ref(x, w, window, slots, cu, BLOCK, True),
-            lambda: causal_conv1d_fn(x.view(batch, BLOCK, -1).transpose(1, 2), w,
-                                     activation="silu"))
-    for batch, n in ((1, 4096), (4, 1024)) if device.type == "cuda" else ((1, 256),):
-        pre = Layer(batch, n, device, dtype)
-        add(f"prefill {n} tokens (chunked)", batch, n, 2 * state_bytes(batch), pre.chunk,
-            lambda: pre.chunk(fn=ops.gated_delta_chunk_ref),
-            lambda: torch_chunk_gated_delta_rule(*pre.hf_inputs(), initial_state=pre.state,
-                                                 output_final_state=True,
-                                                 use_qk_l2norm_in_kernel=True))
+        conv = lambda: ops.causal_conv1d(x, w, window, slots, cu, BLOCK, True)  # noqa: E731
+        hf_conv = lambda: causal_conv1d_fn(  # noqa: E731
+            x.view(batch, BLOCK, -1).transpose(1, 2), w, activation="silu")
+        # the window starts at zeros and a checkpointed call keeps its first K-1 rows: the
+        # same zero padding as transformers' whole-sequence conv
+        conv_err = checked_against_transformers(
+            rel_err(conv(), hf_conv().transpose(1, 2).reshape(x.shape)), tol,
+            f"causal conv1d, batch {batch}")
+        add("conv1d, verify block 16", batch, BLOCK, None, conv,
+            lambda: ops.causal_conv1d_ref(x, w, window, slots, cu, BLOCK, True), hf_conv,
+            conv_err)
+    for batch, n in prefills:
+        pre = Layer(batch, n, device, dtype, shape=shape)
+        hf_chunk = lambda: torch_chunk_gated_delta_rule(  # noqa: E731
+            *pre.hf_inputs(), initial_state=pre.state, output_final_state=True,
+            use_qk_l2norm_in_kernel=True)
+        add(f"prefill {n} tokens (chunked)", batch, n, 2 * state_bytes(batch, shape),
+            pre.chunk,
+            lambda: pre.chunk(fn=ops.gated_delta_chunk_ref), hf_chunk,
+            pre.hf_check(pre.chunk, hf_chunk, True, tol))
     return rows
 
 
@@ -207,10 +264,12 @@ def rollback_rows(device, dtype, batches, timer, layers: int, shape: dict = LAYE
 
 
 def markdown(result: dict) -> str:
+    layer = result["layer"]
     kern = [[r["op"], r["batch"], f"{r['ours_us']:.1f}",
              "-" if r["ours_GBps"] is None else f"{r['ours_GBps']:.0f}",
              "-" if r["reference_us"] is None else f"{r['reference_us']:.0f}",
-             "-" if r["transformers_us"] is None else f"{r['transformers_us']:.0f}"]
+             "-" if r["transformers_us"] is None else f"{r['transformers_us']:.0f}",
+             "-" if r["transformers_rel_err"] is None else f"{r['transformers_rel_err']:.1e}"]
             for r in result["kernels"]]
     roll = [[r["batch"], r["layers"], f"{r['mean_accepted']:.1f}", f"{r['plain_round_us']:.0f}",
              f"{r['replay_round_us']:.0f}", f"{r['stored_round_us']:.0f}",
@@ -219,13 +278,16 @@ def markdown(result: dict) -> str:
     return "\n".join([
         f"## Gated DeltaNet kernels: {result['device']} ({result['date']}, commit "
         f"{result['commit']})", "", f"Command: `{result['command']}`", "",
-        "Qwen3.8-27B linear layer (16/48 heads x 128), " + result["dtype"] + " activations, fp32 "
-        "state; GB/s = state bytes read (+ written) / time.", "",
+        f"{'Tiny' if result.get('tiny') else 'Qwen3.8-27B'} linear layer ({layer['hk']}/"
+        f"{layer['hv']} heads x {layer['dk']}/{layer['dv']}), {result['dtype']} activations, "
+        "fp32 state; GB/s = state bytes read (+ written) / time. transformers' time includes "
+        "what its layer does before the call (g, beta, q/k repeated to the value heads); its "
+        "outputs (and final state) were checked against ours once before timing (rel. err).", "",
         markdown_table(["op", "batch", "ours us", "ours GB/s", "PyTorch reference us",
-                        "transformers torch us"], kern), "",
+                        "transformers torch us", "transformers rel. err"], kern), "",
         "Rollback per round (verify block 16, random accepted prefix; the verify recurrence "
         "that keeps the round undoable + its rollback, summed over the layers timed; the plain "
-        "in-place recurrence for scale; memory for all 48 layers):", "",
+        f"in-place recurrence for scale; memory for all {layer['layers']} layers):", "",
         markdown_table(["batch", "layers timed", "mean accepted", "plain verify us",
                         "ring verify + replay us", "stored-states verify + copy us",
                         "replay MiB / seq", "stored MiB / seq"], roll)])
@@ -237,21 +299,26 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, help="layers in the rollback sum (default 48; CPU 4)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--no-reference", action="store_true", help="skip the (slow) references")
+    p.add_argument("--tiny", action="store_true",
+                   help=f"a tiny GQA layer {TINY_LAYER}: a CPU smoke run in seconds")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     device = resolve_device(None)
     cuda = device.type == "cuda"
+    shape = TINY_LAYER if args.tiny else LAYER
     batches = args.batches or ([1, 8, 32] if cuda else [1, 2])
-    layers = args.layers or (LAYER["layers"] if cuda else 4)
+    layers = args.layers or (shape["layers"] if cuda or args.tiny else 4)
     dtype = torch.bfloat16 if cuda else torch.float32
     timer = make_timer(device, args.iters)
     info = run_info(str(device))
-    result = dict(info, dtype=str(dtype).replace("torch.", ""), layer=LAYER, block=BLOCK,
-                  iters=args.iters)
-    result["rollback"] = rollback_rows(device, dtype, batches, timer, layers)
-    result["kernels"] = kernel_rows(device, dtype, batches, timer, not args.no_reference)
+    result = dict(info, dtype=str(dtype).replace("torch.", ""), layer=shape, block=BLOCK,
+                  iters=args.iters, tiny=args.tiny)
+    # kernels first: their check against transformers fails before the long rollback timing
+    result["kernels"] = kernel_rows(device, dtype, batches, timer, not args.no_reference, shape,
+                                    prefill_sizes(device, args.tiny))
+    result["rollback"] = rollback_rows(device, dtype, batches, timer, layers, shape)
     slug = "cpu" if not cuda else torch.cuda.get_device_name(device).split()[-1].lower()
-    path = save_json(f"gated_delta_{slug}", result, args.out)
+    path = save_json(f"gated_delta_{slug}{'_tiny' if args.tiny else ''}", result, args.out)
     print(markdown(result))
     print(f"\nwrote {path}")
     return 0

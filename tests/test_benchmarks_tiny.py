@@ -53,6 +53,24 @@ def test_step_table_tiny_hybrid_target(tmp_path, capsys):
     assert "ring verify + replay ms" in capsys.readouterr().out
 
 
+def test_gated_delta_tiny_checks_transformers_on_gqa_heads(tmp_path, capsys):
+    """A layer with 3 value heads per key head: transformers' functions get q/k repeated per
+    value-head group (issue 14) and every row they are timed in carries the error of their
+    outputs against ours, checked before the timing."""
+    import gated_delta
+
+    assert gated_delta.main(["--tiny", "--batches", "2", "--iters", "1", "--no-reference",
+                             "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "gated_delta_cpu_tiny.json").read_text())
+    assert result["tiny"] and result["layer"]["hv"] == 3 * result["layer"]["hk"]
+    compared = [r for r in result["kernels"] if r["transformers_us"] is not None]
+    ops_compared = {r["op"].split()[0].rstrip(",") for r in compared}
+    assert ops_compared == {"decode", "verify", "conv1d", "prefill"}
+    for row in compared:
+        assert 0 <= row["transformers_rel_err"] < 1e-4, row
+    assert "| transformers rel. err |" in capsys.readouterr().out
+
+
 def test_train_vs_engine_tau_on_a_tiny_target(tiny_llama, tmp_path):
     """Both numbers on the same data: a tiny target, a random draft, self-generated records."""
     import train_vs_engine_tau
