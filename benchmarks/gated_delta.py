@@ -159,8 +159,8 @@ def prefill_sizes(device, tiny: bool) -> tuple:
     return ((1, 4096), (4, 1024)) if device.type == "cuda" else ((1, 256),)
 
 
-def kernel_rows(device, dtype, batches, timer, with_reference: bool, shape: dict = LAYER,
-                prefills: tuple = ((1, 256),)) -> list[dict]:
+def kernel_rows(device, dtype, batches, timer, with_reference: bool, shape: dict,
+                prefills: tuple) -> list[dict]:
     from transformers.models.qwen3_next.modeling_qwen3_next import (
         causal_conv1d_fn, torch_chunk_gated_delta_rule, torch_recurrent_gated_delta_rule)
 
