@@ -435,7 +435,11 @@ def test_prompts_help_explains_every_flag(capsys):
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["prompts", "--help"])
-    assert "--heldout-out" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--heldout-out" in out
+    flat = "".join(out.split())  # (argparse wraps lines anywhere in the long --mix default)
+    for fam in ("pyfunc", "openended"):  # named in the description and in --mix's defaults
+        assert f"{fam}(" in flat and f"{fam}={P.DEFAULT_MIX[fam]:g}" in flat
     actions = build_parser()._subparsers._group_actions[0].choices["prompts"]._actions
     assert all(a.help for a in actions)
 
