@@ -541,7 +541,11 @@ def test_pyfunc_docstring_examples_are_right():
              ("common_word", {}, ("Owl tea owl Tea",), "owl"),
              ("filter_multiple", {"k": 3}, ([3, 4, -6, 0],), [3, -6, 0]),
              ("last_index_between", {"lo": 1, "hi": 5}, ([2, 9, 5, 6],), 2),
-             ("partition_prime", {}, ([2, 4, 7, 9],), ([2, 7], [4, 9]))]
+             ("partition_prime", {}, ([2, 4, 7, 9],), ([2, 7], [4, 9])),
+             ("filter_w_vowel", {}, (["Owl", "tea", "elm"],), ["Owl", "elm"]),
+             ("count_w_double", {}, (["apple", "noon", "map"],), 2),
+             ("first_w_long", {"k": 4}, (["map", "river", "stone"],), "river"),
+             ("partition_w_palindrome", {}, (["Kayak", "sun"],), (["Kayak"], ["sun"]))]
     for key, consts, args, want in cases:
         assert task[key].solve(consts, *args) == want, key
     # Each shown call is followed by its own result (the examples are not shuffled apart).

@@ -8,8 +8,8 @@ with the short algorithmic bodies HumanEval asks for; these tasks (list, string,
 dictionary and grid problems) fill that gap. Each task is a `FunctionTask`: a signature, a few
 phrasings of what it does, a reference solution and a generator of example inputs. The reference
 only computes the docstring's examples (so they are right); the answers are the target's.
-Every (operation, predicate) pair and every other task is one `Template`, the unit the held-out
-split reserves. No evaluation set was consulted.
+Every (operation, predicate) pair, over integers or words, and every other task is one
+`Template`, the unit the held-out split reserves. No evaluation set was consulted.
 """
 from __future__ import annotations
 
@@ -301,7 +301,28 @@ PREDICATES = {
                    lambda c, x: abs(x) % 10 == c["d"], lambda r: {"d": r.randint(0, 9)}),
 }
 
-# op: (names, returns, phrasings over {sing}/{plural}, solve(test, xs))
+# The same over a list of words (key: name part, singular, plural, test, constants).
+WORD_PREDICATES = {
+    "w_long": ("longer_than_{k}", "has more than {k} letters", "have more than {k} letters",
+               lambda c, w: len(w) > c["k"], lambda r: {"k": r.randint(3, 6)}),
+    "w_vowel": ("vowel_initial", "starts with a vowel", "start with a vowel",
+                lambda c, w: w[:1].lower() in ("a", "e", "i", "o", "u"), None),
+    "w_palindrome": ("palindromes", "reads the same backwards", "read the same backwards",
+                     lambda c, w: w.lower() == w[::-1].lower(), None),
+    "w_contains": ("containing_{ch}", "contains the letter {ch}", "contain the letter {ch}",
+                   lambda c, w: c["ch"] in w.lower(), lambda r: {"ch": r.choice("aeiort")}),
+    "w_ends": ("ending_with_{ch}", "ends with the letter {ch}", "end with the letter {ch}",
+               lambda c, w: w.lower().endswith(c["ch"]), lambda r: {"ch": r.choice("eknrst")}),
+    "w_double": ("with_double_letters", "has the same letter twice in a row",
+                 "have the same letter twice in a row",
+                 lambda c, w: any(a == b for a, b in zip(w, w[1:])), None),
+    "w_capital": ("capitalised", "starts with a capital letter", "start with a capital letter",
+                  lambda c, w: w[:1].isupper(), None),
+}
+NUMBER_ONLY_OPS = ("sum", "max")
+
+# op: (names, returns, phrasings over {sing}/{plural}, solve(test, xs)); the phrasings say
+# "numbers"/"number"/"integers", which a word task replaces by "words"/"word"/"words".
 PREDICATE_OPS = {
     "filter": (("keep_{part}", "filter_{part}", "select_{part}"), "List[int]",
                ("Return the numbers in the list that {plural}, in their original order.",
@@ -347,15 +368,22 @@ PREDICATE_OPS = {
 }
 
 
-def _predicate_task(op: str, pred: str) -> FunctionTask:
+def _predicate_task(op: str, pred: str, words: bool = False) -> FunctionTask:
     names, returns, says, solve = PREDICATE_OPS[op]
-    part, sing, plural, test, consts = PREDICATES[pred]
+    part, sing, plural, test, consts = (WORD_PREDICATES if words else PREDICATES)[pred]
+    item, element = ("word", "str") if words else ("number", "int")
+    if words:
+        says = tuple(x.replace("numbers", "words").replace("number", "word").replace(
+            "integers", "words") for x in says)
+        returns = returns.replace("[int]", "[str]")
     return FunctionTask(
         key=f"{op}_{pred}", names=tuple(n.replace("{part}", part) for n in names),
-        params="numbers: List[int]", returns=returns,
-        says=tuple(s.format(sing=sing, plural=plural) for s in says),
+        params=f"{item}s: List[{element}]", returns=returns,
+        says=tuple(x.format(sing=sing, plural=plural) for x in says),
         solve=lambda c, xs: solve(lambda x: test(c, x), xs),
-        args=lambda r, c: (_ints(r, -9, 60),), consts=consts or (lambda r: {}))
+        args=(lambda r, c: ([w.capitalize() if r.random() < 0.3 else w for w in _words(r, 7)],))
+        if words else (lambda r, c: (_ints(r, -9, 60),)),
+        consts=consts or (lambda r: {}))
 
 
 # ------------------------------------------------------------------------------ other tasks
@@ -794,6 +822,8 @@ TASKS = [
                      r.randint(1, 3))], r.randint(0, 3))),
 ]
 TASKS += [_predicate_task(op, pred) for op in PREDICATE_OPS for pred in PREDICATES]
+TASKS += [_predicate_task(op, pred, words=True) for op in PREDICATE_OPS if op not in NUMBER_ONLY_OPS
+          for pred in WORD_PREDICATES]
 
 
 # ------------------------------------------------------------------------------ the prompt
