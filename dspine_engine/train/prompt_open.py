@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 
 from . import prompt_words as W
-from .prompt_templates import FAMILIES, Template, _a, fill
+from .prompt_templates import FAMILIES, Template, _a, _news, _review, fill
 
 FAMILY = "openended"
 FOLLOWUP_COUNTS = {1: 0.5, 2: 0.3, 3: 0.2}  # later turns per conversation
@@ -222,18 +222,66 @@ def review(r):
                                               "Write the creator's response to your review.")))
 
 
+@_open("complaint")
+def complaint(r):
+    problem = r.choice(["a parcel that arrived three weeks late", "a hotel room that was not "
+                        "cleaned", "being charged twice", "a flight cancelled without notice",
+                        "a broken washing machine still under warranty", "rude staff",
+                        "a subscription that cannot be cancelled online"])
+    first = f"Write a complaint letter to {r.choice(W.COMPANIES)} about {problem}.{_constraints(r)}"
+    return _conversation(r, first, (_REWORK, ("Now write the company's reply.",
+                                              "Make it firmer but still polite.")))
+
+
+@_open("poem_rules")
+def poem_rules(r):
+    rule = r.choice([f"has exactly {r.randint(4, 12)} lines", "rhymes in every pair of lines",
+                     "never uses the letter e", "uses only words of one syllable",
+                     f"starts every line with the word "
+                     f"\"{r.choice(['When', 'Still', 'Here', 'Once'])}\"",
+                     "ends with the same line it begins with"])
+    first = fill(f"Write a poem about {{topic}} that {rule}.", r) + _constraints(r)
+    return _conversation(r, first, (_REWORK[:6], ("Explain the images you used.",
+                                                  "Write a second verse.")))
+
+
+@_open("plan")
+def plan(r):
+    first = (f"Make a {r.randint(2, 8)}-week plan to help me {r.choice(W.HOWTO_TASKS)}."
+             f"{_constraints(r, r.choice([0, 1]))}")
+    return _conversation(r, first, (_REWORK[6:12], ("Turn the first week into a daily "
+                                                    "checklist.", "What should I do if I fall "
+                                                    "behind?", "Which step matters most?")))
+
+
+@_open("compare")
+def compare(r):
+    a, b = r.choice([("renting", "buying a home"), ("an electric car", "a hybrid"),
+                     ("Python", "JavaScript as a first programming language"),
+                     ("learning alone", "taking a class"), ("a gym membership",
+                     "exercising at home"), ("a city flat", "a house in the countryside"),
+                     ("a gap year", "starting university straight away"),
+                     ("paper books", "e-readers")])
+    who = r.choice(["a student", "a young family", "a retired couple", "someone on a tight budget",
+                    "me: I live alone in a big city", "a small business owner"])
+    first = f"Compare {a} and {b} in a table, and then recommend one for {who}.{_constraints(r)}"
+    return _conversation(r, first, (_REWORK[:10], ("What if my budget were half as big?",
+                                                   "What would change your recommendation?")))
+
+
 # ------------------------------------------------------------------------------ roleplay
 @_open("character")
 def character(r):
     first = (f"Pretend to be {r.choice(_CHARACTERS)} and stay in character for the rest of our "
-             f"conversation. {r.choice(_SCENES)}")
+             f"conversation. My name is {r.choice(W.NAMES)}. {r.choice(_SCENES)}")
     return _conversation(r, first, (_SCENE_LINES,))
 
 
 @_open("adviser")
 def adviser(r):
     first = (f"Act as {r.choice(_EXPERTS)}. I will describe my situation and you will advise "
-             f"me. {r.choice(_PROBLEMS)}")
+             f"me. I am {r.randint(18, 75)} and work as {_a(r.choice(W.JOBS))}. "
+             f"{r.choice(_PROBLEMS)}")
     return _conversation(r, first, (_SCENE_LINES[:5], ("What should I do first, this week?",
                                                         "What if that does not work?",
                                                         "Summarise your advice as a plan.")))
@@ -241,9 +289,13 @@ def adviser(r):
 
 @_open("interview")
 def interview(r):
-    first = (f"You are {r.choice(_CHARACTERS)}, and I am interviewing you for a "
-             f"{r.choice(['podcast', 'school project', 'newspaper', 'documentary'])}. Answer in "
-             f"character. First question: how did you end up doing what you do?")
+    question = r.choice(["how did you end up doing what you do?", "what does a bad day look "
+                         "like for you?", "what is the biggest myth about your work?",
+                         "who taught you the most?", "what would you change about your "
+                         "world?", "what do you carry with you every day, and why?"])
+    first = (f"You are {r.choice(_CHARACTERS)}, and I am {r.choice(W.NAMES)}, interviewing you "
+             f"for a {r.choice(['podcast', 'school project', 'newspaper', 'documentary'])}. "
+             f"Answer in character. First question: {question}")
     return _conversation(r, first, (_SCENE_LINES[2:], ("What is a typical day like for you?",
                                                        "What do you hope people remember about "
                                                        "you?")))
@@ -251,8 +303,9 @@ def interview(r):
 
 @_open("guide")
 def guide(r):
+    when = r.choice(["in the morning", "at night", "in the rain", "on a holiday"])
     first = (f"Be my guide: you are {r.choice(_CHARACTERS)} showing me around "
-             f"{r.choice(W.PLACES)}. Describe where we are and what we should see first.")
+             f"{r.choice(W.PLACES)} {when}. Describe where we are and what we should see first.")
     return _conversation(r, first, (_SCENE_LINES, ("Where should we eat tonight?",
                                                    "Tell me a local legend.")))
 
@@ -344,7 +397,62 @@ def debate(r):
                                                   "Add a third voice who disagrees with both.")))
 
 
+@_open("how_it_works")
+def how_it_works(r):
+    thing = r.choice(["a refrigerator", "noise-cancelling headphones", "a card payment",
+                      "GPS", "a vaccine", "a lift", "a search engine", "recycling plastic",
+                      "the tides", "a touchscreen", "a heat pump", "a microwave oven",
+                      "a blockchain", "a 3D printer", "a hearing aid"])
+    first = (r.choice([f"Explain how {thing} works.", f"What actually happens inside {thing}?",
+                       f"How does {thing} work, and what can go wrong with it?"])
+             + fill(r.choice(["", " Write for {audience}."]), r)
+             + _constraints(r, r.choice([0, 1])))
+    return _conversation(r, first, (_DEEPER[:6], _REWORK[:8]))
+
+
+@_open("method")
+def method(r):
+    task = r.choice(["calculate compound interest", "find the area of an irregular shape",
+                     "solve a quadratic equation", "convert fractions to percentages",
+                     "estimate a square root by hand", "compute a weighted average",
+                     "work out a probability with two dice", "read a supply and demand chart",
+                     "balance a chemical equation", "find a percentage change"])
+    first = (r.choice([f"Explain how to {task}, with a worked example.",
+                       f"Teach me to {task}, step by step.",
+                       f"What is the easiest way to {task}? Show an example."])
+             + fill(r.choice(["", " Explain it for {audience}."]), r)
+             + _constraints(r, r.choice([0, 1])))
+    return _conversation(r, first, (_DEEPER[:2], ("Give me a practice problem and its solution.",
+                                                  "Show a common mistake and how to avoid it.",
+                                                  "Now do it with different numbers.")))
+
+
+@_open("dilemma")
+def dilemma(r):
+    case = r.choice(["cities ban cars from their centres", "homework is abolished in primary "
+                     "schools", "museums return objects taken in colonial times",
+                     "employers track their staff's keyboard activity", "voting is compulsory",
+                     "children under 14 are kept off social media", "tourist numbers are "
+                     "capped in old towns", "robots replace cashiers"])
+    first = (r.choice([f"Is it a good idea that {case}? Give the arguments on both sides, then "
+                       "your view.", f"Some people want it so that {case}. Who gains, who loses?",
+                       f"Write a balanced analysis of a proposal that {case}.",
+                       f"Suppose {case}. What would change after five years?"])
+             + _constraints(r))
+    return _conversation(r, first, (_DEEPER[6:], ("What would change your mind?",
+                                                  "Write it as a short speech.")))
+
+
 # ------------------------------------------------------------------------------ extraction
+@_open("article")
+def article(r):
+    text = r.choice([_news, _review])(r)
+    first = (r.choice(["Summarise this text in three sentences, then list what it leaves "
+                       "unclear.", "Extract every name, place, date and number in this text "
+                       "as JSON, grouped by kind.", "What is the main point of this text, and "
+                       "who would care about it?"]) + f"\n\n{text}")
+    return _conversation(r, first, (_DATA_MORE[3:], _REWORK[:8]))
+
 def _catalogue(r, kind):
     names = {"book": ["The Glass Orchard", "North of Silence", "A Map of Small Things",
                       "The Last Ferry", "Copper Skies", "Winter Arithmetic"],
