@@ -52,10 +52,6 @@ def _ints(r, lo=-9, hi=40, most=8, least=0):
     return [r.randint(lo, hi) for _ in range(r.randint(least, most))]
 
 
-def _naturals(r, most=8, least=0):
-    return _ints(r, 0, 60, most, least)
-
-
 def _words(r, most=6, least=0):
     return [r.choice(_VOCAB) for _ in range(r.randint(least, most))]
 
