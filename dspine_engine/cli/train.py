@@ -123,8 +123,14 @@ def _prompts_parser(sub) -> None:
                                    "`dspine-train data --prompts`, offline, from the docstrings "
                                    "of installed third-party packages (read with ast, never "
                                    "imported) and templated task families; deterministic for a "
-                                   "seed and an environment. docs/TRAINING.md lists the "
-                                   "families and the exclusions.")
+                                   "seed and an environment. Families: code, explain "
+                                   "(third-party docstrings), math, arithmetic, logic, writing, "
+                                   "extraction, roleplay, stem, humanities, chat, multiturn "
+                                   "(templates), pyfunc (HumanEval-shaped completion of small "
+                                   "self-contained functions written here) and openended (2-4-turn "
+                                   "constrained writing/roleplay/reasoning/explanation/extraction "
+                                   "conversations whose later turns rework the previous answer). "
+                                   "docs/TRAINING.md describes them and the exclusions.")
     p.add_argument("--out", required=True, help="output JSONL of training prompts")
     p.add_argument("--num", type=int, default=200_000, help="training prompts to write")
     p.add_argument("--seed", type=int, default=0,
