@@ -43,6 +43,8 @@ BATCH=${BATCH:-$(( 64 / GPUS > 16 ? 64 / GPUS : 16 ))} LR=${LR:-6e-4}  # per-ran
 NUM_PROMPTS=${NUM_PROMPTS:-400000} HELDOUT=${HELDOUT:-384} SEED=${SEED:-1}
 KV_TOKENS=${KV_TOKENS:-400000} MAX_NEW=${MAX_NEW:-512} MAX_SEQS=${MAX_SEQS:-256}  # per rank
 MAGPIE=${MAGPIE:-0.05}  # share of the corpus asked for as the target's own (Magpie) prompts
+SAMPLED=${SAMPLED:-0.2}  # share of the answers sampled at T=1 (the rest greedy)
+SOFT=${SOFT:-0}  # fit: alpha of the soft label (`dspine-train fit --soft-targets`)
 MIX=${MIX:-}  # prompt family shares for `dspine-train prompts --mix`, e.g. code=0.36,multiturn=0.16
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
 t0=$(date +%s)
@@ -142,7 +144,7 @@ if [ "$MODE" = data ]; then
   gen() {  # $1 ranks, $2 prompts file, $3 output, $4 seed, $5 minutes
     OMP_NUM_THREADS=2 setsid nohup python3 -m torch.distributed.run --nproc-per-node $1 --master-port $((29500 + $4 % 100)) \
       -m dspine_engine.cli.train data --prompts $2 --out $3 --seed $4 --max-new-tokens $MAX_NEW \
-      --max-num-seqs $MAX_SEQS --kv-cache-tokens $KV_TOKENS --sampled-share 0.2 --max-minutes $5 --quiet \
+      --max-num-seqs $MAX_SEQS --kv-cache-tokens $KV_TOKENS --sampled-share $SAMPLED --max-minutes $5 --quiet \
       > $R/logs/$(basename $3 .jsonl).log 2>&1 < /dev/null &
   }
   gen 1 $S/heldout_prompts.jsonl $S/heldout.jsonl 999 2
@@ -197,7 +199,7 @@ if [ "$MODE" = fit ]; then
   [ -n "${INIT_TWIN:-}" ] && init="$init --ablation-draft $INIT_TWIN"
   python3 -m torch.distributed.run --nproc-per-node $GPUS -m dspine_engine.cli.train fit --data $S/data.jsonl \
     --eval-data $S/heldout.jsonl --out $R/dspine --ablation-out $R/dflash $init \
-    --steps auto --max-minutes $FIT_MIN --batch-size $BATCH --lr $LR --save-every 250 \
+    --steps auto --max-minutes $FIT_MIN --batch-size $BATCH --lr $LR --soft-targets $SOFT --save-every 250 \
     --eval-batches 6 --log-every 20 --quiet > $R/logs/fit.log 2>&1
   say "fit rc $? : $(tail -c 600 $R/logs/fit.log | tr '\r' '\n' | tail -3 | tr '\n' ' ')"
   pack; exit 0

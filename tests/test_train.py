@@ -15,7 +15,7 @@ from dspine_engine.models.target import TargetModel
 from dspine_engine.train.capture import TargetCapture
 from dspine_engine.train.draft_init import new_draft_config
 from dspine_engine.train.forward import (TrainingForward, block_attention_mask, make_blocks,
-                                         sample_anchors)
+                                         sample_anchors, teacher_states)
 from dspine_engine.train.losses import (LossConfig, block_metrics, dspine_loss, position_weights,
                                         summarize_metrics, vocab_cross_entropy, weighted_mean)
 
@@ -162,14 +162,18 @@ def _loss_setup(target, lengths=(30, 14), seed=0, **draft_kw):
     return draft, tokens, lens, taps, make_blocks(tokens, lens, anchors, keep, BLOCK)
 
 
-def _naive_loss(draft, lm_head, out, blocks, gamma, layer_weight):
-    """All three terms with full logits and no chunking: the definition."""
+def _naive_loss(draft, lm_head, out, blocks, gamma, layer_weight, soft_weight=0.0,
+                teacher_logits=None):
+    """All three terms with full logits and no chunking: the definition. With ``soft_weight``
+    the final and transition terms' label is (1 - alpha) onehot + alpha softmax(teacher)."""
     w = position_weights(BLOCK, gamma).expand_as(blocks.valid)
     mask = blocks.valid.float() * w
+    hard = torch.nn.functional.one_hot(blocks.targets, lm_head.shape[0]).float()
+    soft = hard if teacher_logits is None else (
+        (1 - soft_weight) * hard + soft_weight * teacher_logits.softmax(-1))
 
-    def ce(logits):
-        per = torch.nn.functional.cross_entropy(logits.flatten(0, 2), blocks.targets.flatten(),
-                                                reduction="none").view(mask.shape)
+    def ce(logits, label=hard):
+        per = -(label * logits.log_softmax(-1)).sum(-1)
         return (per * mask).sum() / mask.sum()
 
     u = out.hidden @ lm_head.T
@@ -177,7 +181,7 @@ def _naive_loss(draft, lm_head, out, blocks, gamma, layer_weight):
     p_table, q_table = lm_head @ tr.pred.weight.T, lm_head @ tr.succ.weight.T
     bilinear = (p_table[blocks.previous] * tr.hidden_proj(out.hidden)) @ q_table.T
     layers = torch.stack([ce(f @ lm_head.T) for f in out.features]).mean()
-    return ce(u) + ce(u + bilinear) + layer_weight * layers
+    return ce(u, soft) + ce(u + bilinear, soft) + layer_weight * layers
 
 
 def test_loss_matches_definition_and_chunking(small_vocab_target):
@@ -196,6 +200,50 @@ def test_loss_matches_definition_and_chunking(small_vocab_target):
     for a, b in zip(*grads):  # checkpointed chunks give the same gradients
         torch.testing.assert_close(a, b)
     assert set(res.terms) == {"final", "transition", "layers"}
+
+
+def test_soft_labels_match_definition_with_the_targets_own_distribution(small_vocab_target):
+    """alpha > 0: the final and transition labels mix in the target's next-token distribution,
+    taken from the capture's final states at a+j-1 (whose logits are the target's own)."""
+    target = small_vocab_target
+    draft, tokens, lens, _, blocks = _loss_setup(target)
+    taps, final = TargetCapture(target, [0, 2], int(lens.sum()))(tokens, lens.tolist(),
+                                                                  final=True)
+    blocks.teacher = teacher_states(final, blocks)
+    # The target's logits over every real row, straight from its forward.
+    flat = tokens[torch.arange(tokens.shape[1])[None] < lens[:, None]]
+    cap = TargetCapture(target, [0, 2], int(lens.sum()))
+    logits, _ = target.forward(flat, cap.prefill_meta(lens.tolist()), cap.kv.k, cap.kv.v)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)[:-1]])
+    before = (blocks.positions[..., :-1] + starts[:, None, None])[blocks.valid]
+    torch.testing.assert_close(blocks.teacher[blocks.valid] @ target.lm_head.T, logits[before],
+                               rtol=1e-4, atol=1e-4)
+    teacher_logits = blocks.teacher @ target.lm_head.T
+    fwd = TrainingForward(draft, target.embed, target.lm_head)
+    for alpha in (0.5, 1.0):
+        expect = _naive_loss(draft, target.lm_head, fwd(taps, blocks), blocks, 7.0, 0.5, alpha,
+                             teacher_logits)
+        grads = []
+        for chunk in (7, 100000):
+            draft.zero_grad()
+            res = dspine_loss(draft, target.lm_head, fwd(taps, blocks), blocks,
+                              LossConfig(gamma=7.0, layer_weight=0.5, chunk_rows=chunk,
+                                         soft_weight=alpha))
+            torch.testing.assert_close(res.loss, expect)
+            res.loss.backward()
+            grads.append([p.grad.clone() for p in draft.parameters()])
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b)
+        naive_grads = torch.autograd.grad(
+            _naive_loss(draft, target.lm_head, fwd(taps, blocks), blocks, 7.0, 0.5, alpha,
+                        teacher_logits), list(draft.parameters()), allow_unused=True)
+        for got, ref in zip(grads[0], naive_grads):
+            torch.testing.assert_close(got, torch.zeros_like(got) if ref is None else ref)
+    hard = dspine_loss(draft, target.lm_head, fwd(taps, blocks), blocks, LossConfig())
+    assert not torch.allclose(hard.loss, res.loss)  # the soft label does change the loss
+    blocks.teacher = None
+    with pytest.raises(ValueError, match="final states"):
+        dspine_loss(draft, target.lm_head, fwd(taps, blocks), blocks, LossConfig(soft_weight=0.5))
 
 
 def test_positions_past_the_end_are_ignored(small_vocab_target):
@@ -228,7 +276,12 @@ def test_vocab_cross_entropy_empty_and_dflash_terms(small_vocab_target):
 
 
 # --------------------------------------------------------------------------- learning
-def test_a_few_dozen_steps_learn_a_repetitive_dataset(small_vocab_target, tmp_path):
+@pytest.mark.parametrize("soft_targets", [0.0, 0.5])
+def test_a_few_dozen_steps_learn_a_repetitive_dataset(small_vocab_target, tmp_path,
+                                                      soft_targets):
+    """Hard labels, and soft ones mixed with this random target's near-uniform distribution:
+    the label's mode is still the data's token, so the drafts learn it either way (the soft
+    loss floors at alpha x the target's entropy, so only the hard loss must fall to near 0)."""
     from dspine_engine.train import SequenceData, TrainConfig, Trainer
 
     target = small_vocab_target
@@ -238,14 +291,16 @@ def test_a_few_dozen_steps_learn_a_repetitive_dataset(small_vocab_target, tmp_pa
     cfg = new_draft_config(target.config, layers=1, block_size=BLOCK, rank=16, target_layers=[2])
     draft = DSpineDraft(cfg).init_weights(seed=0)
     tc = TrainConfig(steps=30, batch_size=4, lr=3e-3, warmup=3, blocks_per_seq=4,
-                     save_every=1000, eval_batches=0)
+                     save_every=1000, eval_batches=0, soft_targets=soft_targets)
     trainer = Trainer(target, draft, SequenceData(records, 256), None, tc, tmp_path)
     losses, accs = [], []
     for _ in range(30):
         terms, counts = trainer.train_step()
         losses.append(float(terms["final"]))
         accs.append(summarize_metrics(counts)["acc"])
-    assert sum(losses[-5:]) / 5 < 0.35 * sum(losses[:3]) / 3, losses
+    if not soft_targets:
+        assert sum(losses[-5:]) / 5 < 0.35 * sum(losses[:3]) / 3, losses
+    assert sum(losses[-5:]) < sum(losses[:3]) / 3 * 5, losses
     assert sum(accs[-5:]) / 5 > 0.5, accs
 
 

@@ -245,7 +245,8 @@ def tiny_target_model(tiny_llama):
     return TargetModel.load(tiny_llama, progress=False)
 
 
-def test_flop_count_matches_torch_counter(small_vocab_target):
+@pytest.mark.parametrize("soft", [False, True])
+def test_flop_count_matches_torch_counter(small_vocab_target, soft):
     """The analytic count of the draft's GEMMs (forward + backward, loss projections included)
     agrees with torch's FLOP counter on a real step, attention aside (kept tiny here)."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -254,7 +255,8 @@ def test_flop_count_matches_torch_counter(small_vocab_target):
 
     target, data = small_vocab_target, SequenceData(_records(n=4, length=12), 256)
     draft = _draft(target)
-    trainer = Trainer(target, draft, data, None, _config(batch_size=4), "/nonexistent")
+    trainer = Trainer(target, draft, data, None, _config(batch_size=4, soft_targets=0.5 * soft),
+                      "/nonexistent")
     batch = data.batch([0, 1, 2, 3])
     taps, blocks = trainer._capture(batch, torch.Generator().manual_seed(0))
     with FlopCounterMode(display=False) as counter:
@@ -262,7 +264,7 @@ def test_flop_count_matches_torch_counter(small_vocab_target):
         res.loss.backward()
     counted = counter.get_total_flops()
     ours = draft_step_flops(draft.config, batch[1].tolist(), int(blocks.keep.sum()),
-                            int(blocks.valid.sum()), ce_terms(draft.config, 1.0))
+                            int(blocks.valid.sum()), ce_terms(draft.config, 1.0, soft))
     assert 0.75 * counted <= ours <= 1.25 * counted, (ours, counted)
 
 

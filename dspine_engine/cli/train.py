@@ -238,6 +238,11 @@ def _fit_parser(sub) -> None:
                    help="weight of the layer-wise output-embedding CE (split evenly over layers)")
     t.add_argument("--transition-weight", type=float, default=d.transition_weight,
                    help="weight of the transition CE")
+    t.add_argument("--soft-targets", type=float, default=d.soft_targets, metavar="ALPHA",
+                   help="train the final and transition outputs on (1 - ALPHA) x the data's "
+                        "token + ALPHA x the target's own next-token distribution (one more "
+                        "forward-only vocabulary GEMM per term); what sampled (T > 0) "
+                        "acceptance rewards. 0: the data's token alone")
     t.add_argument("--ce-chunk", type=int, default=d.ce_chunk,
                    help="rows per vocabulary-logits chunk (memory vs. speed)")
     t.add_argument("--no-bf16", dest="bf16", action="store_false",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import ops
 from ..engine.kv_cache import KVCache, pages_for
 from ..models.attention_meta import AttnMeta
 from ..models.target import TargetModel
@@ -48,20 +49,27 @@ class TargetCapture:
         return AttnMeta(i32(positions), i32(slots), i32(tables.clamp(max=self.num_pages - 1)),
                         i32(lens), i32(cu), max(lengths), causal=True)
 
-    def __call__(self, tokens: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """``tokens [b, S]`` (padded) -> taps ``[b, S, len(taps) * H]`` (zeros past each end).
+    def __call__(self, tokens: torch.Tensor, lengths: list[int], final: bool = False):
+        """``tokens [b, S]`` (padded) -> taps ``[b, S, len(taps) * H]`` (zeros past each end),
+        and with ``final`` also the target's final-normed states ``[b, S, H]`` (what its lm_head
+        reads: the soft labels' source), as ``(taps, final)``.
 
-        The result is an ordinary tensor (not an inference-mode one), so the draft's first
-        projection can save it for backward."""
+        The results are ordinary tensors (not inference-mode ones), so the draft's first
+        projection can save them for backward."""
         b, s = tokens.shape
-        dev = self.target.device
+        cfg, dev = self.target.config, self.target.device
         lens = torch.tensor(lengths, device=tokens.device)
-        real = torch.arange(s, device=tokens.device)[None, :] < lens[:, None]
-        flat = tokens[real].to(dev)
+        real = (torch.arange(s, device=tokens.device)[None, :] < lens[:, None]).to(dev)
+        flat = tokens[real.to(tokens.device)].to(dev)
         meta = self.prefill_meta(lengths)
         one_row = torch.zeros(1, dtype=torch.long, device=dev)  # logits are not needed
+        layers = self.tap_layers + ((cfg.num_layers - 1,) if final else ())
         _, taps = self.target.forward(flat, meta, self.kv.k, self.kv.v, logit_rows=one_row,
-                                      tap_layers=self.tap_layers)
+                                      tap_layers=layers)
+        if final:  # the last layer's output, normed as the target's lm_head sees it
+            taps, last = taps[:, :-cfg.hidden_size], taps[:, -cfg.hidden_size:]
+            normed = torch.zeros(b, s, cfg.hidden_size, dtype=taps.dtype, device=dev)
+            normed[real] = ops.rms_norm(last.contiguous(), self.target.norm, cfg.rms_norm_eps)
         out = torch.zeros(b, s, taps.shape[-1], dtype=taps.dtype, device=dev)
-        out[real.to(dev)] = taps
-        return out
+        out[real] = taps
+        return (out, normed) if final else out

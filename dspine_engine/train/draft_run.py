@@ -61,7 +61,7 @@ class DraftRun:
         self.loss_cfg = LossConfig(gamma=cfg.gamma or default_gamma(c.block_size),
                                    layer_weight=cfg.layer_weight,
                                    transition_weight=cfg.transition_weight,
-                                   chunk_rows=cfg.ce_chunk)
+                                   chunk_rows=cfg.ce_chunk, soft_weight=cfg.soft_targets)
         self.module = DraftLoss(self.draft, target, self.loss_cfg)
         self.parallel = self.module
         if self.dist.active:

@@ -40,6 +40,10 @@ def draft_step_flops(draft_cfg, lengths: list[int], blocks: int, valid_rows: int
     return 3.0 * fwd + ce
 
 
-def ce_terms(draft_cfg, layer_weight: float) -> int:
+def ce_terms(draft_cfg, layer_weight: float, soft_labels: bool = False) -> float:
+    """Vocabulary CE terms of the loss, each two GEMMs (logits, their gradient); a soft label
+    adds a forward-only GEMM (its logits) to the final and transition terms: half a term."""
     c = draft_cfg
-    return 1 + int(c.transition) + (c.num_layers if c.injection and layer_weight > 0 else 0)
+    outputs = 1 + int(c.transition)
+    return (outputs + (c.num_layers if c.injection and layer_weight > 0 else 0)
+            + (0.5 * outputs if soft_labels else 0.0))

@@ -31,13 +31,16 @@ class Blocks:
     ``anchors [b, n]`` anchor positions; ``keep [b, n]`` False for padding blocks (a sequence
     with fewer anchor candidates than n); ``positions [b, n, B]`` = a + j; ``tokens [b, n, B]``
     the true tokens x_{a+j} (0 past the end); ``valid [b, n, B-1]`` whether target j = 1..B-1
-    counts in the loss (kept block and a + j inside the sequence)."""
+    counts in the loss (kept block and a + j inside the sequence); ``teacher [b, n, B-1, H]``
+    (soft labels only) the target's final-normed state at a+j-1, whose logits are its
+    distribution of x_{a+j}."""
 
     anchors: torch.Tensor
     keep: torch.Tensor
     positions: torch.Tensor
     tokens: torch.Tensor
     valid: torch.Tensor
+    teacher: torch.Tensor | None = None
 
     @property
     def targets(self) -> torch.Tensor:
@@ -76,6 +79,15 @@ def make_blocks(tokens: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tens
         positions.shape).masked_fill(~inside, 0)
     valid = (inside & keep[..., None])[..., 1:]
     return Blocks(anchors, keep, positions, block_tokens, valid)
+
+
+def teacher_states(final: torch.Tensor, blocks: Blocks) -> torch.Tensor:
+    """The target's final-normed states ``final [b, S, H]`` at positions a+j-1, j = 1..B-1 (the
+    states whose logits predict the block's targets) -> ``[b, n, B-1, H]``."""
+    b, s, h = final.shape
+    before = blocks.positions[..., :-1].clamp(max=s - 1).reshape(b, -1)
+    return torch.gather(final, 1, before[..., None].expand(-1, -1, h)).view(
+        *blocks.valid.shape, h)
 
 
 def block_attention_mask(blocks: Blocks, ctx_len: int, window: int | None) -> torch.Tensor:

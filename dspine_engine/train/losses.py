@@ -11,6 +11,13 @@ at j discards every later draft of the round, so early positions matter most.
 - layers:     sum over layers l of w_l CE(E_out f^l_j, y_j), w_l = layer_weight / L (uniform:
               every depth should hold usable next-token information for the next injection).
 
+With ``soft_weight`` alpha > 0 the final and transition terms (the two distributions inference
+drafts from) take a soft label: (1 - alpha) onehot(y_j) + alpha p_j, p_j = softmax(E_out t_j) the
+target's own next-token distribution at that position (t_j its final-normed state at a+j-1).
+Greedy data makes argmax p_j = y_j, so the label's mode is unchanged; what alpha adds is the rest
+of the target's distribution, which is what sampled verification accepts by (P(accept) = sum
+min(p, q)). The layer-wise terms keep the hard label (they only feed the next injection).
+
 Vocabulary-sized logits are never materialised for the whole batch: rows go through the
 projection and the CE in chunks, and each chunk's gradient with respect to its input rows is
 formed while its logits exist (a row's CE depends on that row alone), so peak memory is one
@@ -39,18 +46,28 @@ def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor
     return torch.exp(-(j - 1) / gamma)
 
 
-def _softmax_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool):
-    """Per row of ``logits [m, V]``: CE against ``targets``, the argmax, and (``want_grad``)
-    d CE / d logits = softmax - onehot in the logits' dtype. One function so that, on CUDA,
-    torch.compile can fuse it into one reduction + one pointwise pass over the logits."""
+def _softmax_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
+                  teacher: torch.Tensor | None = None, soft_weight: float = 0.0):
+    """Per row of ``logits [m, V]``: CE against the label, the argmax, and (``want_grad``)
+    d CE / d logits = softmax - label in the logits' dtype. The label is onehot(``targets``),
+    or with ``teacher`` logits (1 - soft_weight) onehot + soft_weight softmax(teacher). One
+    function so that, on CUDA, torch.compile can fuse it into a few passes over the logits."""
     lf = logits.float()
     lse = torch.logsumexp(lf, dim=-1)
     ce = lse - lf.gather(1, targets[:, None]).squeeze(1)
     top = logits.argmax(-1)
+    p = None
+    if teacher is not None:
+        p = torch.softmax(teacher.float(), dim=-1)
+        ce = (1.0 - soft_weight) * ce + soft_weight * (lse - (p * lf).sum(-1))
     if not want_grad:
         return ce, top, None
     grad = (lf - lse[:, None]).exp()
-    grad = grad - F.one_hot(targets, logits.shape[1]).to(grad.dtype)
+    if p is None:
+        grad = grad - F.one_hot(targets, logits.shape[1]).to(grad.dtype)
+    else:
+        onehot = F.one_hot(targets, logits.shape[1]).to(grad.dtype)
+        grad = grad - (1.0 - soft_weight) * onehot - soft_weight * p
     return ce, top, grad.to(logits.dtype)
 
 
@@ -75,19 +92,23 @@ class _RowCrossEntropy(torch.autograd.Function):
     """CE(E_out v, y) of a chunk of rows with its gradient formed in forward: each row's CE
     depends on that row alone, so d CE_i / d v_i = (softmax_i - onehot_i) E_out is computed
     while the logits exist and backward only scales it by the incoming d loss / d CE_i. Two
-    vocabulary GEMMs per chunk (logits, their gradient) instead of three, and no logits kept."""
+    vocabulary GEMMs per chunk (logits, their gradient) instead of three, and no logits kept.
+    With ``teacher`` rows (the target's final-normed states) a third, forward-only GEMM forms
+    the soft label's logits."""
 
     @staticmethod
-    def forward(ctx, vectors, lm_head, targets):
+    def forward(ctx, vectors, lm_head, targets, teacher=None, soft_weight=0.0):
         logits = F.linear(vectors.to(lm_head.dtype), lm_head)
+        teacher_logits = None if teacher is None else F.linear(teacher.to(lm_head.dtype), lm_head)
         want_grad = ctx.needs_input_grad[0]
+        args = (logits, targets, want_grad, teacher_logits, soft_weight)
         try:
-            ce, top, dlogits = _softmax_rows_fn(logits.device)(logits, targets, want_grad)
+            ce, top, dlogits = _softmax_rows_fn(logits.device)(*args)
         except Exception:  # a failed compilation falls back to eager for good
             global _compiled_softmax_rows
             _compiled_softmax_rows = _softmax_rows
-            ce, top, dlogits = _softmax_rows(logits, targets, want_grad)
-        del logits
+            ce, top, dlogits = _softmax_rows(*args)
+        del logits, teacher_logits
         dvec = (dlogits @ lm_head).to(vectors.dtype) if want_grad else None
         ctx.save_for_backward(dvec)
         ctx.mark_non_differentiable(top)
@@ -96,18 +117,21 @@ class _RowCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_ce, _):
         (dvec,) = ctx.saved_tensors
-        return dvec * grad_ce[:, None].to(dvec.dtype), None, None
+        return dvec * grad_ce[:, None].to(dvec.dtype), None, None, None, None
 
 
 def vocab_cross_entropy(vectors: torch.Tensor, lm_head: torch.Tensor, targets: torch.Tensor,
-                        chunk_rows: int = 8192, want_argmax: bool = True):
-    """CE(E_out v, y) per row of ``vectors [M, H]`` and the argmax token (or None), computed in
-    row chunks so one chunk of vocabulary logits exists at a time (the frozen ``lm_head`` gets
-    no gradient)."""
+                        chunk_rows: int = 8192, want_argmax: bool = True,
+                        teacher: torch.Tensor | None = None, soft_weight: float = 0.0):
+    """CE(E_out v, label) per row of ``vectors [M, H]`` and the argmax token (or None), computed
+    in row chunks so one chunk of vocabulary logits exists at a time (the frozen ``lm_head``
+    gets no gradient). The label is onehot(y), or mixed with softmax(E_out teacher) (see the
+    module docstring) when ``teacher [M, H]`` is given."""
     losses, argmax = [], []
     for i in range(0, vectors.shape[0], chunk_rows):
-        ce, top = _RowCrossEntropy.apply(vectors[i:i + chunk_rows], lm_head,
-                                         targets[i:i + chunk_rows])
+        rows = slice(i, i + chunk_rows)
+        ce, top = _RowCrossEntropy.apply(vectors[rows], lm_head, targets[rows],
+                                         None if teacher is None else teacher[rows], soft_weight)
         losses.append(ce)
         argmax.append(top)
     if not losses:
@@ -136,6 +160,7 @@ class LossConfig:
     layer_weight: float = 1.0  # total weight of the layer-wise supervision (split evenly)
     transition_weight: float = 1.0
     chunk_rows: int = 8192
+    soft_weight: float = 0.0  # alpha of the soft label (0: the hard label y_j alone)
 
 
 @dataclass
@@ -155,8 +180,13 @@ def dspine_loss(draft: DSpineDraft, lm_head: torch.Tensor, out: DraftOutputs, bl
     w = position_weights(valid.shape[-1] + 1, cfg.gamma, valid.device).expand_as(valid)[valid]
     targets = blocks.targets[valid]
     hidden = out.hidden[valid]
+    soft = {}
+    if cfg.soft_weight > 0:
+        if blocks.teacher is None:
+            raise ValueError("soft labels need the target's final states (Blocks.teacher)")
+        soft = {"teacher": blocks.teacher[valid], "soft_weight": cfg.soft_weight}
 
-    ce, top = vocab_cross_entropy(hidden, lm_head, targets, cfg.chunk_rows)
+    ce, top = vocab_cross_entropy(hidden, lm_head, targets, cfg.chunk_rows, **soft)
     final = weighted_mean(ce, w, total)
     loss, terms = final, {"final": final.detach()}
 
@@ -165,7 +195,7 @@ def dspine_loss(draft: DSpineDraft, lm_head: torch.Tensor, out: DraftOutputs, bl
         pred = F.linear(F.embedding(blocks.previous[valid], lm_head), tr.pred.weight)  # P[y_{j-1}]
         pair = (pred * tr.hidden_proj(hidden)) @ tr.succ.weight  # W_b^T (P[y_{j-1}] * G_j)
         tce, _ = vocab_cross_entropy(hidden + pair.to(hidden.dtype), lm_head, targets,
-                                     cfg.chunk_rows, want_argmax=False)
+                                     cfg.chunk_rows, want_argmax=False, **soft)
         transition = weighted_mean(tce, w, total)
         loss = loss + cfg.transition_weight * transition
         terms["transition"] = transition.detach()

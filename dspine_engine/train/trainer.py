@@ -27,7 +27,7 @@ from .distributed import DistContext
 from .draft_run import DraftRun, cosine_factor, find_state  # noqa: F401  (find_state: CLI)
 from .evaluation import EvalAccumulator, walk_correct, walk_tables
 from .flops import ce_terms, draft_step_flops, target_capture_flops
-from .forward import make_blocks, sample_anchors
+from .forward import make_blocks, sample_anchors, teacher_states
 from .losses import block_metrics, merge_metrics, summarize_metrics, weight_total
 
 # With steps=0: the run is sized to its budget after these many steps, and sized again after the
@@ -54,6 +54,7 @@ class TrainConfig:
     gamma: float | None = None  # None: 7 * B / 16
     layer_weight: float = 1.0
     transition_weight: float = 1.0
+    soft_targets: float = 0.0  # alpha of the soft label (losses.py); 0: hard labels only
     ce_chunk: int = 8192
     bf16: bool = True  # autocast on CUDA (CPU always runs fp32)
     seed: int = 0
@@ -165,13 +166,18 @@ class Trainer:
         tokens = tokens.to(dev, non_blocking=True)
         block_size = self.runs[0].draft.config.block_size
         blocks = make_blocks(tokens, lengths.to(dev), anchors.to(dev), keep.to(dev), block_size)
-        return self.capture(tokens, lengths.tolist()), blocks
+        if self.cfg.soft_targets <= 0:
+            return self.capture(tokens, lengths.tolist()), blocks
+        taps, final = self.capture(tokens, lengths.tolist(), final=True)
+        blocks.teacher = teacher_states(final, blocks)
+        return taps, blocks
 
     def _flops(self, lengths: list[int], blocks, valid_rows: int) -> float:
         kept = int(blocks.keep.sum())
         return target_capture_flops(self.target.config, lengths) + sum(
             draft_step_flops(r.draft.config, lengths, kept, valid_rows,
-                             ce_terms(r.draft.config, self.cfg.layer_weight)) for r in self.runs)
+                             ce_terms(r.draft.config, self.cfg.layer_weight,
+                                      self.cfg.soft_targets > 0)) for r in self.runs)
 
     def train_step(self) -> tuple[dict, dict]:
         """One optimizer step of every draft over ``grad_accum`` micro-batches; returns the
