@@ -42,16 +42,6 @@ def _want_cuda():
     return bool(possible) if forced is None else forced
 
 
-def _cutlass_include():
-    """CuTe/CUTLASS headers from the nvidia-cutlass wheel (its cutlass_library package)."""
-    try:
-        import cutlass_library
-    except ImportError:
-        return []
-    inc = os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")
-    return [inc] if os.path.isdir(inc) else []
-
-
 def _gencode():
     archs = os.environ.get("DSPINE_CUDA_ARCHS", "80;90a").replace(",", ";").split(";")
     flags = []
@@ -72,15 +62,12 @@ def extensions():
     sources = sorted(glob.glob("csrc/*.cpp")) + sorted(glob.glob("csrc/cpu/*.cpp"))
     include_dirs = [os.path.join(ROOT, "csrc")]
     if _want_cuda():
-        cutlass = _cutlass_include()
         nvcc = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "--use_fast_math", "-lineinfo",
                 "-DDSPINE_WITH_CUDA"] + _gencode()
-        if cutlass:
-            nvcc.append("-DDSPINE_WITH_CUTLASS")
         return [ce.CUDAExtension(
             "dspine_engine._C",
             sources + sorted(glob.glob("csrc/cuda/*.cu")),
-            include_dirs=include_dirs + cutlass,
+            include_dirs=include_dirs,
             extra_compile_args={"cxx": cxx + ["-DDSPINE_WITH_CUDA"], "nvcc": nvcc},
             extra_link_args=link,
         )]

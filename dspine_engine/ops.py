@@ -61,6 +61,31 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> tor
     return _ops.rope(x, positions, cos_sin)
 
 
+def trainable_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor):
+    """`rope` with a backward (the draft's training forward runs it). Kept off the op itself:
+    an autograd kernel registered on it costs every inference call a few microseconds."""
+    return _TrainableRope.apply(x, positions, cos_sin)
+
+
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([x[..., half:], x[..., :half]], dim=-1)
+
+
+class _TrainableRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, positions, cos_sin):
+        ctx.save_for_backward(positions, cos_sin)
+        return _ops.rope(x, positions, cos_sin)
+
+    @staticmethod
+    def backward(ctx, grad):
+        """The gradient of a rotation is the inverse rotation. Swapping the halves before and
+        after a rotation by +angle rotates by -angle, so the same kernel and table serve."""
+        positions, cos_sin = ctx.saved_tensors
+        return _swap_halves(_ops.rope(_swap_halves(grad), positions, cos_sin)), None, None
+
+
 def write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
     """Writes ``rope(k)`` and ``v`` (``[N, Hkv, D]``) into the pages at ``slots [N]``.
 

@@ -121,7 +121,7 @@ def test_verify_blocks_past_the_context_stay_in_the_rope_tables(tiny_llama, tmp_
     eng = Engine(tiny_llama, draft=draft, progress=False)
     reach = eng.max_model_len + eng.block - 1
     assert eng.max_model_len == 512
-    assert eng.target.cos_sin.shape[0] >= reach and eng.draft.bound["cos_sin"].shape[0] >= reach
+    assert eng.target.cos_sin.shape[0] >= reach and eng.draft.bound.cos_sin.shape[0] >= reach
     res = eng.generate([list(range(5, 505))], SamplingParams(max_tokens=100, ignore_eos=True))[0]
     assert res.finish_reason == "length" and len(res.token_ids) == 12, res.error
 

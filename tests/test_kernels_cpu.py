@@ -46,6 +46,22 @@ def test_rope_and_write_kv(heads, d):
         assert torch.isnan(flat_g[untouched]).all(), "write_kv wrote a slot it was not given"
 
 
+@pytest.mark.parametrize("heads,d", [(3, 64), (2, 130)])
+def test_rope_gradient_is_the_references(heads, d):
+    """The draft's training forward backpropagates through the RoPE kernel: its gradient (the inverse
+    rotation, by the same kernel) equals autograd's through the reference."""
+    n = 29
+    cs = ops.rope_cos_sin(d, 512, 10000.0)
+    x = torch.randn(n, heads * 2, d)[:, :heads].clone().requires_grad_()
+    x_ref = x.detach().clone().requires_grad_()
+    pos = torch.randint(0, 512, (n,), dtype=torch.int32)
+    weight = torch.randn(n, heads, d)  # a loss that weighs every output differently
+    (ops.trainable_rope(x, pos, cs) * weight).sum().backward()
+    (ops.rope_ref(x_ref, pos, cs) * weight).sum().backward()
+    assert torch.isfinite(x.grad).all() and rel_err(x.grad, x_ref.grad) < 1e-6
+    assert rel_err(x.grad, weight) > 1e-2  # the gradient is rotated, not passed through
+
+
 def test_write_kv_rejects_slot_outside_cache():
     k = torch.randn(2, 1, 8)
     cache = torch.zeros(1, 4, 1, 8)

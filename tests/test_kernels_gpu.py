@@ -59,6 +59,21 @@ def test_rope(heads, d, dtype):
     assert rel_err_fp32(got, ops.rope_ref(wide[:, :heads].float(), pos, cs)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rope_gradient(dtype):
+    """The training forward's rope backward (the inverse rotation through the same kernel)."""
+    n, heads, d = 37, 3, 128
+    cs = ops.rope_cos_sin(d, 4096, 10000.0)
+    x = torch.randn(n, heads, d).to(dtype)
+    pos = torch.randint(0, 4096, (n,), dtype=torch.int32)
+    weight = torch.randn(n, heads, d).to(dtype)
+    xd = x.to(DEV).requires_grad_()
+    (ops.trainable_rope(xd, pos.to(DEV), cs.to(DEV)) * weight.to(DEV)).sum().backward()
+    xr = x.float().requires_grad_()
+    (ops.rope_ref(xr, pos, cs) * weight.float()).sum().backward()
+    assert rel_err_fp32(xd.grad, xr.grad) < TOL[dtype]
+
+
 def _poisoned_caches(pages, page_size, heads, d, dtype):
     return [torch.full((pages, page_size, heads, d), float("nan"), dtype=dtype) for _ in range(2)]
 

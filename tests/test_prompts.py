@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from dspine_engine.train.data import DataGenerator, GenerationConfig, load_prompts, read_samples
+from dspine_engine.prompt_file import load_prompts
+from dspine_engine.train.data import DataGenerator, GenerationConfig, read_samples
 
 
 def _cli(*argv):
@@ -375,7 +376,7 @@ def test_heldout_is_disjoint_by_construction_and_text(planted, built):
 
 
 def test_records_load_in_the_data_and_benchmark_readers(built, tmp_path):
-    from dspine_engine.datasets import jsonl_prompts
+    from dspine_engine.datasets import load_prompts as benchmark_prompts
 
     train, held, _ = built
     path = tmp_path / "prompts.jsonl"
@@ -388,8 +389,32 @@ def test_records_load_in_the_data_and_benchmark_readers(built, tmp_path):
         assert p.messages == [{"role": "user", "content": turns[0]}] and p.followups == turns[1:]
     hpath = tmp_path / "heldout.jsonl"
     P.write_jsonl(hpath, held.records)
-    first = jsonl_prompts(hpath)  # dspine-bench accept --prompts heldout.jsonl: first turns
-    assert first == [r.get("prompt") or r["turns"][0] for r in held.records]
+    first = benchmark_prompts(str(hpath))  # dspine-bench accept --prompts heldout.jsonl
+    assert first == [[{"role": "user", "content": r.get("prompt") or r["turns"][0]}]
+                     for r in held.records]
+
+
+def test_one_prompts_file_reader_for_training_and_benchmarks(tmp_path):
+    """dspine-bench --prompts FILE reads every record form dspine-train data reads, as the same
+    prompts (the first turn of a conversation); a self-generation record is refused by line."""
+    from dspine_engine.datasets import load_prompts as benchmark_prompts
+
+    records = ["a bare string", {"prompt": "p"}, {"instruction": "do it"}, {"question": "q?"},
+               {"prompt_ids": [5, 6, 7]}, {"turns": ["first", "second"]},
+               {"conversations": [{"from": "human", "value": "hi"},
+                                  {"from": "gpt", "value": "hello"},
+                                  {"from": "human", "value": "again"},
+                                  {"from": "gpt", "value": "cut"}]}]
+    path = _write_jsonl(tmp_path / "p.jsonl", records)
+    got = benchmark_prompts(str(path))
+    assert got == [p.ids if p.ids is not None else p.messages for p in load_prompts(path)]
+    assert got[4] == [5, 6, 7] and got[5] == [{"role": "user", "content": "first"}]
+    assert got[6][-1] == {"role": "user", "content": "again"} and len(got[6]) == 3
+    bad = _write_jsonl(tmp_path / "bad.jsonl", records[:2] + [{"magpie": True}])
+    with pytest.raises(ValueError, match="record 3 is a magpie record"):
+        benchmark_prompts(str(bad))
+    with pytest.raises(ValueError, match=r"p\.jsonl:1:"):
+        benchmark_prompts(str(_write_jsonl(tmp_path / "p.jsonl", [{"nothing": 1}])))
 
 
 def test_parse_mix():

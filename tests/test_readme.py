@@ -2,6 +2,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,3 +36,18 @@ def test_an_isolated_build_stops_at_once_with_the_command_to_type(tmp_path):
     assert "pip install --no-build-isolation -e ." in run.stderr
     build_requires = (ROOT / "pyproject.toml").read_text().split("[project]")[0]
     assert '"torch' not in build_requires
+
+
+def test_build_tools_are_declared_and_no_unused_include_is_set_up():
+    """ninja (parallel compiles) is a declared build requirement, and a `build` extra names the
+    tools for --no-build-isolation installs; setup.py sets up the CUTLASS include path exactly
+    when a kernel includes CUTLASS (today none does)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "ninja" in project["build-system"]["requires"]
+    assert set(project["build-system"]["requires"]) == set(
+        project["project"]["optional-dependencies"]["build"])
+    kernels = [f.read_text() for f in (ROOT / "csrc").rglob("*") if f.is_file()]
+    kernels_use_cutlass = any("cutlass/" in text or "cute/" in text for text in kernels)
+    assert kernels_use_cutlass == ("cutlass" in (ROOT / "setup.py").read_text().lower())

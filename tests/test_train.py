@@ -50,7 +50,7 @@ def _batch(target, lengths, seed=0):
 
 
 def _inference_hidden(draft, target, tokens, taps, seqs, anchors, pending=3):
-    """block_hidden through a real paged cache, one inference 'sequence' per block: the context
+    """The draft's inference forward through a real paged cache, one inference 'sequence' per block: the context
     before the anchor is ingested (all but `pending` rows, which go in with the block)."""
     c, ps = draft.config, 16
     n = len(anchors)
@@ -76,8 +76,8 @@ def _inference_hidden(draft, target, tokens, taps, seqs, anchors, pending=3):
                     tables.to(torch.int32), i32([a + BLOCK for a in anchors]),
                     i32(list(range(0, n * BLOCK + 1, BLOCK))), BLOCK, causal=False)
     anchor_ids = torch.tensor([int(tokens[s, a]) for s, a in zip(seqs, anchors)])
-    return draft.block_hidden(anchor_ids, torch.cat(ctx_rows), i32(ctx_pos), i32(ctx_slots), meta,
-                              kv.k, kv.v), anchor_ids
+    return draft(anchor_ids, torch.cat(ctx_rows), i32(ctx_pos), i32(ctx_slots), meta,
+                 kv.k, kv.v), anchor_ids
 
 
 @pytest.mark.parametrize("window", [None, 12])
@@ -103,14 +103,65 @@ def test_training_forward_matches_inference(tiny_target, window, injection):
     if draft.transition is not None:
         # The training transition logits equal U_j + (P[prev] * G_j) Q^T from the bound tables.
         prev = blocks.previous.reshape(-1, BLOCK - 1)
-        bd = draft.bound
-        expect = logits + torch.einsum("njr,vr->njv", bd["pred_table"][prev] * g,
-                                       bd["succ_table"])
+        tables = draft.bound.transition
+        expect = logits + torch.einsum("njr,vr->njv", tables.pred[prev] * g, tables.succ)
         tr = draft.transition
         pair = (torch.nn.functional.embedding(prev, tiny_target.lm_head) @ tr.pred.weight.T
                 * (got @ tr.hidden_proj.weight.T)) @ tr.succ.weight
         torch.testing.assert_close((got + pair) @ tiny_target.lm_head.T, expect, atol=1e-4,
                                    rtol=1e-5)
+
+
+def test_training_forward_runs_no_reference_op(small_vocab_target, monkeypatch):
+    """Reference ops are test references only: the training forward and its backward run with
+    every ``ops.*_ref`` broken, and no production module calls one."""
+    from pathlib import Path
+
+    from dspine_engine import ops
+
+    for name in dir(ops):
+        if name.endswith("_ref"):
+            monkeypatch.setattr(ops, name, _refuse(name))
+    draft, tokens, lens, taps, blocks = _loss_setup(small_vocab_target)
+    out = TrainingForward(draft, small_vocab_target.embed, small_vocab_target.lm_head)(taps,
+                                                                                         blocks)
+    res = dspine_loss(draft, small_vocab_target.lm_head, out, blocks, LossConfig(gamma=7.0))
+    res.loss.backward()
+    k_proj = draft.layers[0].self_attn.k_proj.weight
+    assert torch.isfinite(k_proj.grad).all() and k_proj.grad.abs().sum() > 0
+    package = Path(ops.__file__).parent
+    callers = [str(f.relative_to(package)) for f in package.rglob("*.py")
+               if f.name != "ops.py" and "_ref(" in f.read_text()]
+    assert callers == []
+
+
+def _refuse(name):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"ops.{name} called on a production path")
+    return refuse
+
+
+@pytest.mark.parametrize("dspine", [True, False])
+def test_dflash_or_dspine_is_a_config_fact(tiny_target, dspine):
+    """The bound tables are typed fields; a DFlash draft has no injection or transition tables
+    (not empty tensors), its heads give no pair term, and its walk is the per-position argmax."""
+    from dspine_engine.models.dspine import (BoundTables, InjectionTables, TransitionTables,
+                                             choose_drafts)
+
+    draft = _draft(tiny_target, injection=dspine, transition=dspine)
+    draft.bind(tiny_target.embed, tiny_target.lm_head, tiny_target.config)
+    tables = draft.bound
+    assert isinstance(tables, BoundTables) and len(tables.layers) == draft.config.num_layers
+    assert all(isinstance(t.injection, InjectionTables) == dspine for t in tables.layers)
+    assert isinstance(tables.transition, TransitionTables) == dspine
+    assert (draft.transition is not None) == dspine
+    hn = torch.randn(3, BLOCK - 1, draft.config.hidden_size)
+    logits, g = draft.heads(hn)
+    assert (g is not None) == dspine
+    if not dspine:
+        anchors, zeros = torch.tensor([1, 2, 3]), torch.zeros(3)
+        tokens, _, _ = choose_drafts(logits, None, anchors, 4, zeros, torch.zeros(3, BLOCK - 1))
+        assert torch.equal(tokens, logits.argmax(-1))
 
 
 # --------------------------------------------------------------------------- losses and masks
@@ -496,3 +547,37 @@ def test_new_draft_sizing_and_init_from_target(tiny_target):
     src, layer = tiny_target.layers[2], draft.layers[0]
     torch.testing.assert_close(layer.mlp.down_proj.weight, src.down.checkpoint_weight)
     torch.testing.assert_close(layer.self_attn.v_proj.weight, src.qkv.checkpoint_weight[-t.num_kv_heads * t.head_dim:])
+
+
+@pytest.mark.gpu
+def test_training_on_cuda_under_autocast_equals_the_reference_rope(tiny_llama, monkeypatch):
+    """What `dspine-train fit` runs on a GPU (bf16 autocast): loss and gradients through the RoPE
+    kernel (`ops.trainable_rope`) equal those through the reference rotation it replaced."""
+    from dspine_engine import ops
+
+    target = TargetModel.load(tiny_llama, device="cuda", progress=False)
+    draft = _draft(target).to("cuda")
+    tokens = torch.randint(3, target.config.vocab_size, (2, 40),
+                           generator=torch.Generator().manual_seed(0)).cuda()
+    tokens[1, 29:] = 0
+    lens = torch.tensor([40, 29], device="cuda")
+    taps = TargetCapture(target, [0, 2], int(lens.sum()))(tokens, lens.tolist())
+    anchors, keep = sample_anchors(lens.cpu(), torch.tensor([4, 4]), 5, tokens.shape[1],
+                                   torch.Generator().manual_seed(0))
+    blocks = make_blocks(tokens, lens, anchors.cuda(), keep.cuda(), BLOCK)
+    fwd = TrainingForward(draft, target.embed, target.lm_head)
+
+    def loss_and_grads():
+        draft.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            res = dspine_loss(draft, target.lm_head, fwd(taps, blocks), blocks,
+                              LossConfig(gamma=7.0, layer_weight=0.5))
+        res.loss.backward()
+        return res.loss.detach(), [p.grad.clone() for p in draft.parameters()]
+
+    loss, grads = loss_and_grads()
+    monkeypatch.setattr(ops, "trainable_rope", ops.rope_ref)
+    ref_loss, ref_grads = loss_and_grads()
+    assert torch.isfinite(loss) and abs(float(loss - ref_loss)) < 1e-2 * abs(float(ref_loss))
+    for g, r in zip(grads, ref_grads):
+        assert float((g - r).norm()) <= 3e-2 * float(r.norm()) + 1e-6

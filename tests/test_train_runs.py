@@ -200,8 +200,8 @@ def test_walk_score_is_the_argmax_chain_without_pair_scores(small_vocab_target):
     assert scores["acc_walk_by_pos"] == pytest.approx(scores["acc_by_pos"], nan_ok=True)
     draft.bind(target.embed, target.lm_head, target.config, target.lm_head_dense)
     p_tab, q_tab = walk_tables(draft, target.lm_head)
-    torch.testing.assert_close(p_tab, draft.bound["pred_table"])
-    torch.testing.assert_close(q_tab, draft.bound["succ_table"])
+    torch.testing.assert_close(p_tab, draft.bound.transition.pred)
+    torch.testing.assert_close(q_tab, draft.bound.transition.succ)
 
 
 def test_best_checkpoint_is_kept(small_vocab_target, tmp_path):

@@ -26,7 +26,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="gguf / float32 / bfloat16 (default: bf16 on CUDA, the GGUF's quantised "
                         "blocks on the CPU for the default model)")
     p.add_argument("--prompts", default="mtbench",
-                   help="humaneval, mtbench, or a JSONL file of prompts (default: mtbench)")
+                   help="humaneval, mtbench, or a JSONL prompts file, read as dspine-train data "
+                        "reads it (first turns; default: mtbench)")
     p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per answer")
     p.add_argument("--out", default="benchmarks/results", help="directory for JSON and PNG")

@@ -283,7 +283,8 @@ def run_data(args) -> int:
 
     from .. import Engine
     from ..engine.engine import resolve_device
-    from ..train.data import DataGenerator, GenerationConfig, load_prompts, merge_samples
+    from ..prompt_file import load_prompts
+    from ..train.data import DataGenerator, GenerationConfig, merge_samples
     from ..train.distributed import init_from_env, shutdown
 
     prompts = load_prompts(Path(args.prompts)) if args.prompts else None

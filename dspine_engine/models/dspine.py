@@ -1,13 +1,19 @@
 """The DSpine draft model: a DFlash-style block drafter with adjacent causal injection in every
 layer and a transition-cache head. With injection and transition off it is a DFlash drafter.
 
-Inference (`ingest_context`, `propose`) runs on our kernels and the paged draft cache; training
-(`dspine_engine.train.forward`) runs the same weights through differentiable torch ops. Both read
-the parameters defined here, and tests check that the two paths agree.
+Inference (`ingest_context`, `forward`, `propose`) runs on our kernels and the paged draft cache,
+from the tables `bind` lays out (`BoundTables`); training (`dspine_engine.train.forward`) runs the
+same weights through the differentiable pieces defined here (`RMSNorm`, `MLP`, `Injection`, the RoPE
+kernel with a backward, `ops.trainable_rope`). Tests check that the two paths agree.
+
+DSpine or DFlash is a fact of the config (`DraftConfig.injection`, `.transition`): a layer without
+injection has no `Injection` module and no injection tables, a drafter without the transition head
+has neither `Transition` nor `TransitionTables`, and `choose_drafts` walks without a pair term.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -55,6 +61,9 @@ class MLP(nn.Module):
         self.up_proj = _linear(c.hidden_size, c.intermediate_size)
         self.down_proj = _linear(c.intermediate_size, c.hidden_size)
 
+    def forward(self, x):  # training path; inference runs the fused `LayerTables.gate_up`
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
 
 class Injection(nn.Module):
     """Predicts the layer's feature f_j in the target's output-embedding space and passes the
@@ -67,6 +76,18 @@ class Injection(nn.Module):
         self.predictor = _linear(h, h)  # P_l: norm(h_j) -> f_j
         self.gate = _linear(2 * h, h)  # W_g [norm(h_j); f_{j-1}]
         self.inject = _linear(h, h)  # W_i f_{j-1}
+
+    def forward(self, hidden: torch.Tensor, anchor_feature: torch.Tensor):
+        """Training path over blocks ``hidden [b, n, B, H]`` (inference: `DSpineDraft._inject`,
+        one `ops.fused_injection`). Returns the updated states and the predicted features
+        ``f = P(norm(h))`` of every position; f_0 is replaced by ``anchor_feature`` (E_out of
+        the anchor) only as the input of position 1."""
+        hn = self.norm(hidden)
+        f = self.predictor(hn)
+        prev = torch.cat([anchor_feature[:, :, None].to(f.dtype), f[:, :, 1:-1]], dim=2)
+        gate = torch.sigmoid(self.gate(torch.cat([hn[:, :, 1:], prev], dim=-1)))
+        updated = hidden[:, :, 1:] + gate * self.inject(prev)
+        return torch.cat([hidden[:, :, :1], updated.to(hidden.dtype)], dim=2), f
 
 
 class DraftLayer(nn.Module):
@@ -88,6 +109,60 @@ class Transition(nn.Module):
         self.hidden_proj = _linear(c.hidden_size, c.transition_rank)  # W_h
         self.pred = _linear(c.hidden_size, c.transition_rank)  # W_a
         self.succ = _linear(c.hidden_size, c.transition_rank)  # W_b
+
+
+@dataclass
+class InjectionTables:
+    """One layer's injection weights laid out for inference."""
+
+    predictor: Dense  # P_l: norm(h_j) -> f_j
+    gate_h: Dense  # the norm(h_j) half of W_g
+    gate_f_inject: Dense  # [the f_{j-1} half of W_g; W_i]: one GEMM for both readers of f_{j-1}
+
+
+@dataclass
+class LayerTables:
+    q: Dense
+    kv: Dense  # [k_proj; v_proj]
+    o: Dense
+    gate_up: Dense  # [gate_proj; up_proj]
+    down: Dense
+    injection: InjectionTables | None  # None: a DFlash layer
+
+
+@dataclass
+class TransitionTables:
+    """The transition head at inference: G_j = W_h norm(h_j) and the V x r cache P, Q."""
+
+    hidden_proj: Dense  # W_h
+    pred: torch.Tensor  # P = E_out W_a [V, r]
+    succ: torch.Tensor  # Q = E_out W_b [V, r]
+
+
+@dataclass
+class BoundTables:
+    """What `DSpineDraft.bind` attaches: the target's shared tensors (never copied) and the
+    draft's weights laid out for the device."""
+
+    embed: torch.Tensor
+    lm_head: torch.Tensor
+    lm_head_dense: Dense
+    cos_sin: torch.Tensor  # RoPE table, at least as long as the engine's reach
+    fc: Dense
+    mask_row: torch.Tensor  # the block's MASK input row
+    layers: list[LayerTables]
+    transition: TransitionTables | None  # None: a DFlash drafter
+
+
+def choose_drafts(logits, pair, anchors, top_k: int, temperature, uniforms):
+    """The draft tokens (and their sparse q) of ``logits [b, J, V]`` by the transition walk;
+    ``pair = (G [b, J, r], P, Q)`` or None for a drafter without the transition head (DFlash:
+    the walk is then the chain of per-position choices). The kernel's way of saying "no pair
+    term" (empty tensors) stays in this one place."""
+    if pair is None:
+        empty = logits.new_empty(0)
+        pair = (empty, empty, empty)
+    return ops.transition_walk(logits, *pair, anchors, top_k, temperature, uniforms)
 
 
 class DSpineDraft(nn.Module):
@@ -156,37 +231,38 @@ class DSpineDraft(nn.Module):
         c = self.config
         c.check_target(target_config)
         dtype, device = lm_head.dtype, lm_head.device  # (a QuantWeight table computes in fp32)
-        cast = lambda *ws: torch.cat([w.to(dtype) for w in ws]).contiguous()  # noqa: E731
+        dense = lambda *ws: Dense(torch.cat([w.to(dtype) for w in ws]).contiguous())  # noqa: E731
         with torch.no_grad():
-            b = {"embed": embed, "lm_head": lm_head,
-                 "lm_head_dense": lm_head_dense or Dense(lm_head),
-                 "cos_sin": ops.rope_cos_sin(c.head_dim,
-                                             max(c.max_position_embeddings, max_positions or 0),
-                                             c.rope_theta, device=device),
-                 "fc": Dense(cast(self.fc.weight))}
-            b["q"] = [Dense(cast(l.self_attn.q_proj.weight)) for l in self.layers]
-            b["kv"] = [Dense(cast(l.self_attn.k_proj.weight, l.self_attn.v_proj.weight))
-                       for l in self.layers]
-            b["o"] = [Dense(cast(l.self_attn.o_proj.weight)) for l in self.layers]
-            b["gate_up"] = [Dense(cast(l.mlp.gate_proj.weight, l.mlp.up_proj.weight))
-                            for l in self.layers]
-            b["down"] = [Dense(cast(l.mlp.down_proj.weight)) for l in self.layers]
-            if c.injection:
-                h = c.hidden_size
-                b["inj_pred"] = [Dense(cast(l.injection.predictor.weight)) for l in self.layers]
-                b["inj_gate_h"] = [Dense(cast(l.injection.gate.weight[:, :h])) for l in self.layers]
-                b["inj_f"] = [Dense(cast(l.injection.gate.weight[:, h:], l.injection.inject.weight))
-                              for l in self.layers]
+            transition = None
             if c.transition:
-                b["g"] = Dense(cast(self.transition.hidden_proj.weight))
-                b["pred_table"] = table_times(lm_head, self.transition.pred.weight.to(dtype).T)
-                b["succ_table"] = table_times(lm_head, self.transition.succ.weight.to(dtype).T)
-            b["mask_row"] = (self.mask_embedding.to(dtype) if self.mask_embedding is not None
-                             else embedding_rows(embed, torch.tensor([c.mask_token_id]))[0])
-        self._bound = b
+                tr = self.transition
+                transition = TransitionTables(
+                    dense(tr.hidden_proj.weight),
+                    table_times(lm_head, tr.pred.weight.to(dtype).T),
+                    table_times(lm_head, tr.succ.weight.to(dtype).T))
+            mask_row = (self.mask_embedding.to(dtype) if self.mask_embedding is not None
+                        else embedding_rows(embed, torch.tensor([c.mask_token_id]))[0])
+            self._bound = BoundTables(
+                embed=embed, lm_head=lm_head, lm_head_dense=lm_head_dense or Dense(lm_head),
+                cos_sin=ops.rope_cos_sin(c.head_dim,
+                                         max(c.max_position_embeddings, max_positions or 0),
+                                         c.rope_theta, device=device),
+                fc=dense(self.fc.weight), mask_row=mask_row,
+                layers=[self._layer_tables(layer, dense) for layer in self.layers],
+                transition=transition)
+
+    def _layer_tables(self, layer: DraftLayer, dense) -> LayerTables:
+        attn, mlp, inj, h = layer.self_attn, layer.mlp, layer.injection, self.config.hidden_size
+        return LayerTables(
+            q=dense(attn.q_proj.weight), kv=dense(attn.k_proj.weight, attn.v_proj.weight),
+            o=dense(attn.o_proj.weight), gate_up=dense(mlp.gate_proj.weight, mlp.up_proj.weight),
+            down=dense(mlp.down_proj.weight),
+            injection=None if inj is None else InjectionTables(
+                dense(inj.predictor.weight), dense(inj.gate.weight[:, :h]),
+                dense(inj.gate.weight[:, h:], inj.inject.weight)))
 
     @property
-    def bound(self) -> dict:
+    def bound(self) -> BoundTables:
         if self._bound is None:
             raise RuntimeError("draft is not bound to a target: call bind() first")
         return self._bound
@@ -195,13 +271,13 @@ class DSpineDraft(nn.Module):
     @torch.inference_mode()
     def context(self, taps: torch.Tensor) -> torch.Tensor:
         """c_t = RMSNorm(fc(concat of tapped target states))."""
-        return ops.rms_norm(self.bound["fc"](taps), self.hidden_norm.weight,
+        return ops.rms_norm(self.bound.fc(taps), self.hidden_norm.weight,
                             self.config.rms_norm_eps)
 
     def _kv(self, i: int, x: torch.Tensor):
         c, layer = self.config, self.layers[i]
         n, kv = x.shape[0], c.num_kv_heads * c.head_dim
-        kvx = self.bound["kv"][i](x)
+        kvx = self.bound.layers[i].kv(x)
         k = ops.rms_norm(kvx[:, :kv].view(n, c.num_kv_heads, c.head_dim),
                          layer.self_attn.k_norm.weight, c.rms_norm_eps)
         v = kvx[:, kv:].view(n, c.num_kv_heads, c.head_dim)
@@ -213,67 +289,70 @@ class DSpineDraft(nn.Module):
         ctx = self.context(taps)
         for i in range(self.config.num_layers):
             k, v = self._kv(i, ctx)
-            ops.write_kv(k, v, positions, self.bound["cos_sin"], k_caches[i], v_caches[i], slots)
+            ops.write_kv(k, v, positions, self.bound.cos_sin, k_caches[i], v_caches[i], slots)
 
     @torch.inference_mode()
     def propose(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
                 v_caches, temperature, uniforms, top_k: int | None = None):
-        """One draft forward for a batch of blocks; returns (tokens, cand_ids, cand_probs).
-
-        ``anchors [b]``; ``ctx_taps [b*B, taps]`` the pending context rows (padding rows have
-        slot -1); ``meta`` describes the blocks (positions p..p+B-1, kv_lens p+B, bidirectional)."""
-        hn = self.block_hidden(anchors, ctx_taps, ctx_positions, ctx_slots, meta, k_caches,
-                               v_caches)
+        """One draft round for a batch of blocks: `forward`, the heads, the transition walk.
+        Returns (tokens, cand_ids, cand_probs); arguments as `forward`, plus the walk's
+        ``temperature [b]`` and ``uniforms [b, B-1]``."""
+        hn = self(anchors, ctx_taps, ctx_positions, ctx_slots, meta, k_caches, v_caches)
         logits, g = self.heads(hn)
-        bd = self.bound
-        return ops.transition_walk(logits, g, bd.get("pred_table", g), bd.get("succ_table", g),
-                                   anchors, top_k or self.config.transition_top_k, temperature,
-                                   uniforms)
+        tables = self.bound.transition
+        pair = None if tables is None else (g, tables.pred, tables.succ)
+        return choose_drafts(logits, pair, anchors, top_k or self.config.transition_top_k,
+                             temperature, uniforms)
 
     def heads(self, hn: torch.Tensor):
-        """U_j = lm_head(hn_j) and G_j = W_h hn_j (empty without the transition head)."""
-        logits = self.bound["lm_head_dense"](hn)
-        g = self.bound["g"](hn) if self.config.transition else logits.new_empty(0)
-        return logits, g
+        """U_j = lm_head(hn_j) and G_j = W_h hn_j (None without the transition head)."""
+        logits = self.bound.lm_head_dense(hn)
+        tables = self.bound.transition
+        return logits, None if tables is None else tables.hidden_proj(hn)
 
     @torch.inference_mode()
-    def block_hidden(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
-                     v_caches) -> torch.Tensor:
-        """The draft layers over the blocks; returns the final-normed states of positions
-        1..B-1, ``[b, B-1, H]`` (what both heads read)."""
+    def forward(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
+                v_caches) -> torch.Tensor:
+        """The draft layers over a batch of blocks on the paged draft cache; returns the
+        final-normed states of positions 1..B-1, ``[b, B-1, H]`` (what both heads read).
+
+        ``anchors [b]``; ``ctx_taps [b*B, taps]`` the pending context rows at ``ctx_positions``
+        (written to ``ctx_slots`` first; padding rows have slot -1); ``meta`` describes the
+        blocks (positions p..p+B-1, kv_lens p+B, bidirectional)."""
         c, bd = self.config, self.bound
         bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
-        hidden = bd["mask_row"].expand(bsz, blk, h).clone()
-        hidden[:, 0] = embedding_rows(bd["embed"], anchors)
+        hidden = bd.mask_row.expand(bsz, blk, h).clone()
+        hidden[:, 0] = embedding_rows(bd.embed, anchors)
         hidden = hidden.view(bsz * blk, h)
         ctx = self.context(ctx_taps)
         kv_positions = torch.cat([ctx_positions, meta.positions])
         kv_slots = torch.cat([ctx_slots, meta.slots])
         window = c.sliding_window or 0
-        for i, layer in enumerate(self.layers):
+        for i, (layer, tables) in enumerate(zip(self.layers, bd.layers)):
             x = ops.rms_norm(hidden, layer.input_layernorm.weight, c.rms_norm_eps)
-            q = bd["q"][i](x).view(-1, c.num_heads, c.head_dim)
+            q = tables.q(x).view(-1, c.num_heads, c.head_dim)
             q = ops.rope(ops.rms_norm(q, layer.self_attn.q_norm.weight, c.rms_norm_eps),
-                         meta.positions, bd["cos_sin"])
+                         meta.positions, bd.cos_sin)
             k, v = self._kv(i, torch.cat([ctx, x]))
-            ops.write_kv(k, v, kv_positions, bd["cos_sin"], k_caches[i], v_caches[i], kv_slots)
+            ops.write_kv(k, v, kv_positions, bd.cos_sin, k_caches[i], v_caches[i], kv_slots)
             attn = ops.paged_attention(q, k_caches[i], v_caches[i], meta.block_tables,
                                        meta.kv_lens, meta.cu_q, blk, False, window, self.scale)
-            hidden = hidden + bd["o"][i](attn.view(bsz * blk, -1))
+            hidden = hidden + tables.o(attn.view(bsz * blk, -1))
             x = ops.rms_norm(hidden, layer.post_attention_layernorm.weight, c.rms_norm_eps)
-            gu = bd["gate_up"][i](x)
+            gu = tables.gate_up(x)
             inter = c.intermediate_size
-            hidden = hidden + bd["down"][i](F.silu(gu[:, :inter]) * gu[:, inter:])
-            if layer.injection is not None:
-                hidden = self._inject(i, hidden, anchors)
+            hidden = hidden + tables.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+            if tables.injection is not None:
+                hidden = self._inject(layer.injection, tables.injection, hidden, anchors)
         return ops.rms_norm(hidden, self.norm.weight, c.rms_norm_eps).view(bsz, blk, h)[:, 1:]
 
-    def _inject(self, i: int, hidden: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        c, bd, inj = self.config, self.bound, self.layers[i].injection
+    def _inject(self, inj: Injection, tables: InjectionTables, hidden: torch.Tensor,
+                anchors: torch.Tensor) -> torch.Tensor:
+        c = self.config
         bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
         hn = ops.rms_norm(hidden, inj.norm.weight, c.rms_norm_eps)
-        f = bd["inj_pred"][i](hn).view(bsz, blk, h)
-        f[:, 0] = embedding_rows(bd["lm_head"], anchors)  # the anchor's feature is exact
-        gate_h = bd["inj_gate_h"][i](hn).view(bsz, blk, h)
-        fproj = bd["inj_f"][i](f)
+        f = tables.predictor(hn).view(bsz, blk, h)
+        f[:, 0] = embedding_rows(self.bound.lm_head, anchors)  # the anchor's feature is exact
+        gate_h = tables.gate_h(hn).view(bsz, blk, h)
+        fproj = tables.gate_f_inject(f)
         return ops.fused_injection(hidden.view(bsz, blk, h), gate_h, fproj).view(bsz * blk, h)

@@ -35,10 +35,9 @@ from tqdm.auto import tqdm
 from ..engine.prompts import prompt_to_ids
 from ..engine.sampling import SamplingParams
 from ..models.tokenizer import Tokenizer
+from ..prompt_file import Prompt, user_turn
 
 SENTINEL = "<<dspine-user-turn-4f1c>>"
-ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                "model": "assistant", "bot": "assistant", "system": "system"}
 
 
 # ---------------------------------------------------------------------------- JSONL i/o
@@ -116,71 +115,6 @@ def user_turn_prefix(tokenizer: Tokenizer) -> tuple[list[int], int]:
         raise ValueError("the chat template writes nothing after a user message, so the end of "
                          "a user turn cannot be detected; pass --prompts")
     return tokenizer.encode(before, add_special_tokens=False), after_ids[0]
-
-
-@dataclass
-class Prompt:
-    """One prompt to answer: chat messages ending with a user turn (or ready token ids), further
-    user turns the target answers one after the other, each after its own previous answer, and
-    the family it came from (carried into the data records)."""
-
-    messages: list[dict] | None = None
-    ids: list[int] | None = None
-    followups: list[str] = field(default_factory=list)
-    source: str | None = None
-    magpie: bool = False  # the target writes the user turn itself (self-generation)
-
-
-def _user(text) -> dict:
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"a user turn must be a non-empty string, got {str(text)[:80]!r}")
-    return {"role": "user", "content": text}
-
-
-def parse_prompt(rec) -> Prompt:
-    """One prompts-file record -> a `Prompt`.
-
-    Accepts {"prompt_ids": [...]}, {"turns": [q1, q2, ...]} (every answer by the target),
-    {"messages"|"conversations": [{"role"/"from", "content"/"value"}]} (cut after the last user
-    turn), {"prompt"|"instruction"|"question"|"text": "..."}, {"magpie": true} or a bare string;
-    an optional "source" names the family."""
-    if isinstance(rec, str):
-        return Prompt(messages=[_user(rec)])
-    if not isinstance(rec, dict):
-        raise ValueError(f"a prompt record must be a string or an object, got {str(rec)[:80]}")
-    source = rec.get("source")
-    if rec.get("magpie"):
-        return Prompt(source=source or "magpie", magpie=True)
-    if isinstance(rec.get("prompt_ids"), list):
-        return Prompt(ids=[int(t) for t in rec["prompt_ids"]], source=source)
-    if isinstance(rec.get("turns"), list) and rec["turns"]:
-        first, *rest = rec["turns"]
-        return Prompt(messages=[_user(first)], followups=[_user(t)["content"] for t in rest],
-                      source=source)
-    turns = rec.get("messages") or rec.get("conversations") or rec.get("conversation")
-    if isinstance(turns, list):
-        messages = [{"role": ROLE_ALIASES.get(str(t.get("role", t.get("from"))).lower(), "user"),
-                     "content": t.get("content", t.get("value", ""))} for t in turns]
-        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
-        if last_user < 0:
-            raise ValueError(f"conversation without a user turn: {str(rec)[:80]}")
-        return Prompt(messages=messages[:last_user + 1], source=source)
-    for key in ("prompt", "instruction", "question", "text"):
-        if isinstance(rec.get(key), str):
-            return Prompt(messages=[_user(rec[key])], source=source)
-    raise ValueError(f"cannot find a prompt in record {str(rec)[:80]}")
-
-
-def load_prompts(path: Path) -> list[Prompt]:
-    prompts = []
-    with open(path) as f:
-        for n, line in enumerate(f):
-            if line.strip():
-                try:
-                    prompts.append(parse_prompt(json.loads(line)))
-                except (ValueError, json.JSONDecodeError) as e:
-                    raise ValueError(f"{path}:{n + 1}: {e}") from None
-    return prompts
 
 
 def prompt_ids(tokenizer: Tokenizer, prompt) -> list[int]:
@@ -303,7 +237,7 @@ class DataGenerator:
             return False
         tok = self.engine.tokenizer
         answer = {"role": "assistant", "content": tok.decode(res.token_ids).strip()}
-        conv.messages = conv.messages + [answer, _user(conv.followups.pop(0))]
+        conv.messages = conv.messages + [answer, user_turn(conv.followups.pop(0))]
         conv.ids = prompt_ids(tok, conv.messages)
         return True
 

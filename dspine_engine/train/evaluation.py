@@ -3,7 +3,7 @@ batch allows.
 
 Every block gets the true context (as in a round whose previous drafts were all accepted), and
 its drafts are chosen the way the engine chooses them: the transition walk of
-`ops.transition_walk` at temperature 0 over the top-K candidates of each position (for a DFlash
+`choose_drafts` (the engine's walk) at temperature 0 over the top-K candidates of each position (for a DFlash
 draft, which has no pair term, that is the argmax chain). ``tau_walk`` = 1 + the mean number of
 leading drafts equal to the target's tokens: the acceptance length greedy verification would
 give on that data. ``tau`` is the same for the per-position argmax (which ignores the chain).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import ops
+from ..models.dspine import choose_drafts
 from .forward import Blocks, DraftOutputs
 from .losses import block_metrics, merge_metrics
 
@@ -44,15 +44,11 @@ def walk_correct(draft, lm_head: torch.Tensor, out: DraftOutputs, blocks: Blocks
     for i in range(0, hidden.shape[0], WALK_CHUNK_BLOCKS):
         hn, a = hidden[i:i + WALK_CHUNK_BLOCKS], anchors[i:i + WALK_CHUNK_BLOCKS]
         logits = F.linear(hn, lm_head)
-        if tables is None:
-            g, p_tab, q_tab = logits.new_empty(0), logits.new_empty(0), logits.new_empty(0)
-        else:
-            g = F.linear(hn, draft.transition.hidden_proj.weight.to(hn.dtype))
-            p_tab, q_tab = tables
+        pair = None if tables is None else (
+            F.linear(hn, draft.transition.hidden_proj.weight.to(hn.dtype)), *tables)
         zeros = torch.zeros(hn.shape[0], device=hn.device)
-        tokens, _, _ = ops.transition_walk(logits, g, p_tab, q_tab, a,
-                                           draft.config.transition_top_k, zeros,
-                                           torch.zeros(hn.shape[0], j, device=hn.device))
+        tokens, _, _ = choose_drafts(logits, pair, a, draft.config.transition_top_k, zeros,
+                                     torch.zeros(hn.shape[0], j, device=hn.device))
         picked.append(tokens)
     correct = torch.zeros(b * n, j, dtype=torch.bool, device=hidden.device)
     if picked:

@@ -1,8 +1,8 @@
 """The differentiable training forward of a DSpine draft.
 
-Same math as `DSpineDraft.block_hidden` + `_inject` (the inference path on our kernels and the
-paged cache), written with torch ops that have autograd and reading the module's parameters
-directly. A training batch holds many blocks per sequence; every block is drafted as if it were
+Same math as `DSpineDraft.forward` (the inference path on our kernels and the paged cache), from
+the draft's differentiable building blocks (its norms, `MLP`, `Injection`, `ops.trainable_rope`:
+the RoPE kernel with a backward) and torch's SDPA over an explicit mask in place of the paged attention. A training batch holds many blocks per sequence; every block is drafted as if it were
 an inference round anchored at its position:
 
 - the block anchored at position a holds ``[x_a, MASK x (B-1)]`` at positions a..a+B-1;
@@ -141,10 +141,10 @@ class TrainingForward:
             h = hidden.view(b, n * blk, -1)
             h = h + self._attention(layer, layer.input_layernorm(h), ctx, qpos, ctx_pos, mask)
             x = layer.post_attention_layernorm(h)
-            h = h + layer.mlp.down_proj(F.silu(layer.mlp.gate_proj(x)) * layer.mlp.up_proj(x))
+            h = h + layer.mlp(x)
             hidden = h.view(b, n, blk, -1)
             if layer.injection is not None:
-                hidden, f = inject(layer.injection, hidden, anchor_feature)
+                hidden, f = layer.injection(hidden, anchor_feature)
                 features.append(f[:, :, 1:])
         return DraftOutputs(d.norm(hidden)[:, :, 1:], features)
 
@@ -183,17 +183,6 @@ class TrainingForward:
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         b, m, h, dim = x.shape
-        return ops.rope_ref(x.reshape(b * m, h, dim), positions.reshape(-1),
-                            self.cos_sin).view(b, m, h, dim)
+        return ops.trainable_rope(x.reshape(b * m, h, dim),
+                                  positions.reshape(-1).to(torch.int32), self.cos_sin).view(b, m, h, dim)
 
-
-def inject(inj, hidden: torch.Tensor, anchor_feature: torch.Tensor):
-    """Adjacent causal injection over blocks ``[b, n, B, H]`` (see `DSpineDraft._inject` and
-    `ops.fused_injection_ref`). Returns the updated hidden states and the predicted features
-    ``f = P(norm(h))`` of every position (f_0 is replaced by E_out[anchor] only as an input)."""
-    hn = inj.norm(hidden)
-    f = inj.predictor(hn)
-    prev = torch.cat([anchor_feature[:, :, None].to(f.dtype), f[:, :, 1:-1]], dim=2)  # f_{j-1}
-    gate = torch.sigmoid(inj.gate(torch.cat([hn[:, :, 1:], prev], dim=-1)))
-    updated = hidden[:, :, 1:] + gate * inj.inject(prev)
-    return torch.cat([hidden[:, :, :1], updated.to(hidden.dtype)], dim=2), f
