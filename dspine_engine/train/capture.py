@@ -59,8 +59,9 @@ class TargetCapture:
         b, s = tokens.shape
         cfg, dev = self.target.config, self.target.device
         lens = torch.tensor(lengths, device=tokens.device)
-        real = (torch.arange(s, device=tokens.device)[None, :] < lens[:, None]).to(dev)
-        flat = tokens[real.to(tokens.device)].to(dev)
+        real = torch.arange(s, device=tokens.device)[None, :] < lens[:, None]
+        flat = tokens[real].to(dev)
+        real = real.to(dev)  # where the rows go back, on the target's device
         meta = self.prefill_meta(lengths)
         one_row = torch.zeros(1, dtype=torch.long, device=dev)  # logits are not needed
         layers = self.tap_layers + ((cfg.num_layers - 1,) if final else ())

@@ -62,13 +62,10 @@ def _softmax_rows(logits: torch.Tensor, targets: torch.Tensor, want_grad: bool,
         ce = (1.0 - soft_weight) * ce + soft_weight * (lse - (p * lf).sum(-1))
     if not want_grad:
         return ce, top, None
-    grad = (lf - lse[:, None]).exp()
-    if p is None:
-        grad = grad - F.one_hot(targets, logits.shape[1]).to(grad.dtype)
-    else:
-        onehot = F.one_hot(targets, logits.shape[1]).to(grad.dtype)
-        grad = grad - (1.0 - soft_weight) * onehot - soft_weight * p
-    return ce, top, grad.to(logits.dtype)
+    label = F.one_hot(targets, logits.shape[1]).to(lf.dtype)
+    if p is not None:
+        label = (1.0 - soft_weight) * label + soft_weight * p
+    return ce, top, ((lf - lse[:, None]).exp() - label).to(logits.dtype)
 
 
 _compiled_softmax_rows = None
