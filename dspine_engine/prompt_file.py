@@ -16,7 +16,6 @@ ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant"
                 "model": "assistant", "bot": "assistant", "system": "system"}
 
 
-
 @dataclass
 class Prompt:
     """One prompt to answer: chat messages ending with a user turn (or ready token ids), further

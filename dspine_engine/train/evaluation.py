@@ -2,8 +2,8 @@
 batch allows.
 
 Every block gets the true context (as in a round whose previous drafts were all accepted), and
-its drafts are chosen the way the engine chooses them: the transition walk of
-`choose_drafts` (the engine's walk) at temperature 0 over the top-K candidates of each position (for a DFlash
+its drafts are chosen the way the engine chooses them: the transition walk of `choose_drafts`
+(the engine's walk) at temperature 0 over the top-K candidates of each position (for a DFlash
 draft, which has no pair term, that is the argmax chain). ``tau_walk`` = 1 + the mean number of
 leading drafts equal to the target's tokens: the acceptance length greedy verification would
 give on that data. ``tau`` is the same for the per-position argmax (which ignores the chain).

@@ -2,7 +2,8 @@
 
 Same math as `DSpineDraft.forward` (the inference path on our kernels and the paged cache), from
 the draft's differentiable building blocks (its norms, `MLP`, `Injection`, `ops.trainable_rope`:
-the RoPE kernel with a backward) and torch's SDPA over an explicit mask in place of the paged attention. A training batch holds many blocks per sequence; every block is drafted as if it were
+the RoPE kernel with a backward) and torch's SDPA over an explicit mask in place of the paged
+attention. A training batch holds many blocks per sequence; every block is drafted as if it were
 an inference round anchored at its position:
 
 - the block anchored at position a holds ``[x_a, MASK x (B-1)]`` at positions a..a+B-1;
@@ -183,6 +184,6 @@ class TrainingForward:
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         b, m, h, dim = x.shape
-        return ops.trainable_rope(x.reshape(b * m, h, dim),
-                                  positions.reshape(-1).to(torch.int32), self.cos_sin).view(b, m, h, dim)
-
+        flat = ops.trainable_rope(x.reshape(b * m, h, dim), positions.reshape(-1).to(torch.int32),
+                                  self.cos_sin)
+        return flat.view(b, m, h, dim)
