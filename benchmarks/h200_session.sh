@@ -15,6 +15,8 @@
 #               run beside them; rank 0 merges the shards.                           ~7.5 min
 #   fit         DSpine and its DFlash twin side by side (same batches; DDP over the GPUs),
 #               sized to FIT_MIN minutes, checkpoints chosen on the held-out set.   ~FIT_MIN+1
+#               TWIN=soft0 instead: the DSpine at SOFT, then the same DSpine at alpha 0 for
+#               the same steps (the soft labels' ablation; FIT_MIN shared).         ~FIT_MIN+2
 #   gputest     (instead of data/fit/measure) every GPU test, the quantised CPU tests on the
 #               host's CPU (AVX-512), the serve load benchmark; TEST_K narrows the GPU tests
 #               (pytest -k).                                                         ~7 min
@@ -45,6 +47,9 @@ KV_TOKENS=${KV_TOKENS:-400000} MAX_NEW=${MAX_NEW:-512} MAX_SEQS=${MAX_SEQS:-256}
 MAGPIE=${MAGPIE:-0.05}  # share of the corpus asked for as the target's own (Magpie) prompts
 SAMPLED=${SAMPLED:-0.2}  # share of the answers sampled at T=1 (the rest greedy)
 SOFT=${SOFT:-0}  # fit: alpha of the soft label (`dspine-train fit --soft-targets`)
+TWIN=${TWIN:-dflash}  # fit: the twin; dflash (same batches, one process) or soft0 (the same
+                      # DSpine at alpha 0, trained after the first for its step count: the
+                      # soft labels' ablation; FIT_MIN is then split between the two)
 MIX=${MIX:-}  # prompt family shares for `dspine-train prompts --mix`, e.g. code=0.36,multiturn=0.16
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
 t0=$(date +%s)
@@ -197,11 +202,23 @@ if [ "$MODE" = fit ]; then
   [ -n "${INIT_TWIN:-}" ] && INIT_DRAFT=${INIT_DRAFT:-$W/dspine_engine/drafters/smollm2-135m-dspine}
   init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
   [ -n "${INIT_TWIN:-}" ] && init="$init --ablation-draft $INIT_TWIN"
-  python3 -m torch.distributed.run --nproc-per-node $GPUS -m dspine_engine.cli.train fit --data $S/data.jsonl \
-    --eval-data $S/heldout.jsonl --out $R/dspine --ablation-out $R/dflash $init \
-    --steps auto --max-minutes $FIT_MIN --batch-size $BATCH --lr $LR --soft-targets $SOFT --save-every 250 \
-    --eval-batches 6 --log-every 20 --quiet > $R/logs/fit.log 2>&1
-  say "fit rc $? : $(tail -c 600 $R/logs/fit.log | tr '\r' '\n' | tail -3 | tr '\n' ' ')"
+  fit() {  # fit OUT LOG ARGS...: one dspine-train fit on this run's data
+    local out=$1 log=$2; shift 2
+    python3 -m torch.distributed.run --nproc-per-node $GPUS -m dspine_engine.cli.train fit \
+      --data $S/data.jsonl --eval-data $S/heldout.jsonl --out $out $init --batch-size $BATCH \
+      --lr $LR --save-every 250 --eval-batches 6 --log-every 20 --quiet "$@" > $log 2>&1
+    say "fit $(basename $out) rc $? : $(tail -c 600 $log | tr '\r' '\n' | tail -3 | tr '\n' ' ')"
+  }
+  if [ "$TWIN" = dflash ]; then  # both in one process: the same batches, the budget shared
+    fit $R/dspine $R/logs/fit.log --ablation-out $R/dflash --steps auto --max-minutes $FIT_MIN \
+      --soft-targets $SOFT
+  else  # soft0: the same DSpine at alpha 0 after it, for as many steps as the first one sized
+    fit $R/dspine $R/logs/fit.log --steps auto --max-minutes $(python3 -c "print($FIT_MIN / 2)") \
+      --soft-targets $SOFT
+    steps=$(grep -o "sized to the budget: [0-9]*" $R/logs/fit.log | grep -o "[0-9]*$" | tail -1)
+    fit $R/dspine_a0 $R/logs/fit_a0.log --steps ${steps:?the first fit did not size itself} \
+      --soft-targets 0
+  fi
   pack; exit 0
 fi
 
@@ -210,7 +227,8 @@ if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR .
   MEASURE=${MEASURE:-eval e2e steps speed}
   also=""; for d in ${EVAL_ALSO:-}; do also="$also --draft $d"; done
   case " $MEASURE " in *" eval "*)
-  timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine --draft dflash=$R/dflash $also \
+  for d in dflash dspine_a0; do [ -f $R/$d/config.json ] && also="--draft $d=$R/$d $also"; done
+  timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine $also \
     --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
   say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack;; esac
   case " $MEASURE " in *" e2e "*)
