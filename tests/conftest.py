@@ -38,6 +38,30 @@ def smollm2_engine(smollm2_dir):
     return Engine(smollm2_dir, progress=False, max_num_seqs=32)
 
 
+# The CPU greedy-lossless tests (random, DFlash-format and trained drafts) share one set of real
+# prompts and one plain-decoding reference: fp32 decoding of 20 prompts costs minutes here.
+LOSSLESS_TOKENS = 128
+
+
+@pytest.fixture(scope="session")
+def lossless_prompts():
+    """20 real prompts: 10 HumanEval, 10 MT-Bench (first turns, chat template applied later)."""
+    from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
+
+    return humaneval_prompts()[:10] + mtbench_prompts()[:10]
+
+
+@pytest.fixture(scope="session")
+def greedy_reference(smollm2_engine, lossless_prompts):
+    """Plain greedy decoding of ``lossless_prompts``, LOSSLESS_TOKENS new tokens each (EOS
+    ignored), batched. A test that decodes n < LOSSLESS_TOKENS compares with the first n: greedy
+    decoding never looks ahead, so the shorter answer is the longer one's prefix."""
+    from dspine_engine import SamplingParams
+
+    params = SamplingParams(max_tokens=LOSSLESS_TOKENS, ignore_eos=True)
+    return [r.token_ids for r in smollm2_engine.generate(lossless_prompts, params)]
+
+
 @pytest.fixture(scope="session")
 def smollm2_quant_engine():
     """The default model on its own GGUF blocks (Q4_1 layers, Q8_0 tied embedding/lm_head)."""
