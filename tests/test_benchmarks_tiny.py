@@ -7,6 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
+import cpu_attention  # noqa: E402
 import step_table  # noqa: E402
 from random_drafts import write_tiny_random_draft  # noqa: E402
 
@@ -105,3 +106,13 @@ def test_host_overhead_data_mode(tmp_path, capsys):
         assert 0 < r["tokens_per_decode_step"] <= 8
     assert by_admission[4]["prefill_share"] < by_admission[1]["prefill_share"]
     assert "| engine | batch | admission |" in capsys.readouterr().out
+
+
+def test_cpu_attention_times_ours_and_sdpa_on_the_same_answer(tmp_path, capsys):
+    assert cpu_attention.main(["--reps", "1", "--context", "20", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "cpu_attention.json").read_text())
+    assert [(r["mode"], r["batch"]) for r in result["rows"]] == [
+        (m, b) for m, b, _ in cpu_attention.CASES]
+    for row in result["rows"]:
+        assert row["ours_us"] > 0 and row["sdpa_us"] > 0 and row["rel_err_vs_sdpa"] < 1e-5
+    assert "| mode | batch |" in capsys.readouterr().out

@@ -118,6 +118,22 @@ def test_paged_attention(case, dtype, tol):
     assert rel_err(out, ref) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,context", [(16, 70), (5, 33), (16, 1)])
+def test_block_rows_equal_decoding_them_one_by_one(dtype, n, context):
+    """Greedy speculative == autoregressive on the CPU rests on this: query i of a causal block
+    (the target's verify) gets bit for bit what decoding it alone with the keys up to it gets."""
+    q, kc, vc, bt, kl, cu, mq = attention_case([n], [context + n], 9, 3, 64, 16, dtype, DEV,
+                                               seed=7 + n)
+    block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125)
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    for i in range(n):
+        alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt,
+                                    torch.tensor([context + i + 1], dtype=torch.int32), one, 1,
+                                    True, 0, 0.125)
+        assert torch.equal(alone[0], block[i]), f"query {i} of {n}"
+
+
 def test_paged_attention_rejects_bad_metadata():
     q, kc, vc, bt, kl, cu, mq = attention_case([4], [4], 2, 1, 64, 16, torch.float32, DEV, 0)
     with pytest.raises(RuntimeError, match="int32"):

@@ -23,6 +23,23 @@ struct PagedAttentionArgs {
   float scale;
 };
 
+// One work item's buffers: queries, running output, max and sum per row, one chunk's scores,
+// and the chunk's keys and values as fp32.
+struct AttentionScratch {
+  std::vector<float> qf, acc, m, l, s, kf, vf;
+  std::vector<int64_t> pos;
+  void size(int64_t rows, int64_t d, int64_t chunk) {
+    qf.resize(rows * d);
+    acc.assign(rows * d, 0.f);
+    m.assign(rows, -std::numeric_limits<float>::infinity());
+    l.assign(rows, 0.f);
+    s.resize(rows * chunk);
+    kf.resize(chunk * d);
+    vf.resize(chunk * d);
+    pos.resize(rows);
+  }
+};
+
 template <typename T>
 void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
                      const int32_t* block_tables, const int32_t* kv_lens, const int32_t* cu_q,
@@ -43,8 +60,7 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
   }
 
   // Decode over a short context is a few microseconds of work: run it on the calling thread,
-  // because an OpenMP region there costs more than it saves, and its spinning helpers steal the
-  // core from the quantised GEMVs around it on a shared machine (chunk_pool.h).
+  // because waking the pool's helpers there costs more than it saves (chunk_pool.h).
   int64_t visits = 0;
   for (int64_t b = 0; b < a.batch; ++b) visits += (cu_q[b + 1] - cu_q[b]) * int64_t{kv_lens[b]};
   const bool tiny = visits * a.q_heads * d < (int64_t{1} << 21);
@@ -56,9 +72,15 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
     const int32_t* table = block_tables + it.b * a.max_pages;
     const int64_t rows = (it.i1 - it.i0) * group;  // row r = (query i0 + r / group, head r % group)
 
-    std::vector<float> qf(rows * d), acc(rows * d, 0.f), m(rows, -std::numeric_limits<float>::infinity()),
-        l(rows, 0.f), s(rows * kKChunk);
-    std::vector<int64_t> pos(rows);
+    // Per-thread scratch, grown once (a decode step runs thousands of these items), used through
+    // plain pointers: each access to a thread_local in a shared library is a call.
+    thread_local AttentionScratch tls;
+    AttentionScratch& sc = tls;
+    sc.size(rows, d, kKChunk);
+    float *const qf = sc.qf.data(), *const acc = sc.acc.data(), *const m = sc.m.data(),
+                 *const l = sc.l.data(), *const s = sc.s.data(),
+                 *const kf = sc.kf.data(), *const vf = sc.vf.data();
+    int64_t* const pos = sc.pos.data();
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = it.i0 + r / group, h = it.kvh * group + r % group;
       pos[r] = first_pos + i;
@@ -70,7 +92,6 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
     const int64_t k_lo = a.window > 0 ? std::max<int64_t>(0, p_lo - a.window + 1) : 0;
     const int64_t k_hi = a.causal ? p_hi : kv_len - 1;
 
-    std::vector<float> kf(kKChunk * d), vf(kKChunk * d);
     for (int64_t k0 = k_lo; k0 <= k_hi; k0 += kKChunk) {
       const int64_t nk = std::min(kKChunk, k_hi - k0 + 1);
       for (int64_t j = 0; j < nk; ++j) {
