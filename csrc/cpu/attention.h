@@ -60,7 +60,8 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
   }
 
   // Decode over a short context is a few microseconds of work: run it on the calling thread,
-  // because waking the pool's helpers there costs more than it saves (chunk_pool.h).
+  // because an OpenMP region there costs more than it saves, and its spinning helpers steal the
+  // core from the quantised GEMVs around it on a shared machine (chunk_pool.h).
   int64_t visits = 0;
   for (int64_t b = 0; b < a.batch; ++b) visits += (cu_q[b + 1] - cu_q[b]) * int64_t{kv_lens[b]};
   const bool tiny = visits * a.q_heads * d < (int64_t{1} << 21);

@@ -6,9 +6,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
-
-#include "chunk_pool.h"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -26,22 +23,15 @@ inline T from_f(float x) { return static_cast<T>(x); }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-// fn(i) for i in [0, n), each i one chunk of the shared chunk pool, on as many threads as
-// OpenMP would use (torch.set_num_threads sets it); serial in a build without OpenMP. Not an
-// OpenMP region: its closing barrier waits a scheduler slice whenever one thread has lost its
-// core, which made attention 4-5x slower on a loaded 2-core machine (chunk_pool.h). fn must not
-// call parallel_for itself (the pool runs one loop at a time).
+// A simple xorshift-free "parallel for" over [0, n): OpenMP when built with it, serial otherwise.
 template <typename F>
 inline void parallel_for(int64_t n, F&& fn) {
 #if defined(_OPENMP)
-  const int threads = omp_get_max_threads();
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) fn(i);
 #else
-  const int threads = 1;
+  for (int64_t i = 0; i < n; ++i) fn(i);
 #endif
-  using Fn = std::remove_reference_t<F>;
-  void* ctx = const_cast<void*>(static_cast<const void*>(&fn));
-  ChunkPool::instance().run(n, threads, [](void* c, int64_t i) { (*static_cast<Fn*>(c))(i); },
-                            ctx);
 }
 
 // The index of the first entry of p[0, n) outside [lo, hi), or n; entries whose skip[i] is
