@@ -196,12 +196,14 @@ class ModelRunner:
         return True
 
     def propose(self) -> None:
-        """Draft forward of the prepared round: writes the pending context rows, drafts B-1
-        tokens per sequence into the static draft outputs."""
+        """Draft forward of the prepared round: writes the pending context rows, drafts the
+        tokens the round verifies (B-1 per sequence in a graph, which is captured for the
+        whole block; eagerly only the ``tokens - 1`` the verify reads) into the static draft
+        outputs."""
         if self._use_graph and self.graphs is not None:
             self.graphs.replay("draft", self._n)
         else:
-            self._draft_body(self._n, self._width)
+            self._draft_body(self._n, self._width, self._tokens - 1)
 
     def verify(self) -> torch.Tensor:
         """Target forward over [anchor, d_1..d_{B-1}] (or the anchor alone without a draft);
@@ -302,15 +304,16 @@ class ModelRunner:
         _, ctx_taps, ctx_pos, ctx_slots = self._pending_context(n, width)
         self.draft.ingest_context(ctx_taps, ctx_pos, ctx_slots, self.draft_kv.k, self.draft_kv.v)
 
-    def _draft_body(self, n: int, width: int) -> None:
+    def _draft_body(self, n: int, width: int, drafts: int | None = None) -> None:
         d, inp = self.inputs.dev, self.inputs
+        drafts = drafts or self.block - 1
         meta, ctx_taps, ctx_pos, ctx_slots = self._pending_context(n, width)
         tokens, cand_ids, cand_probs = self.draft.propose(
             d["anchors"][:n].long(), ctx_taps, ctx_pos, ctx_slots, meta, self.draft_kv.k,
-            self.draft_kv.v, d["temps"][:n], d["walk_u"][:n])
-        inp.drafts[:n].copy_(tokens)
-        inp.cand_ids[:n].copy_(cand_ids)
-        inp.cand_probs[:n].copy_(cand_probs)
+            self.draft_kv.v, d["temps"][:n], d["walk_u"][:n], drafts=drafts)
+        inp.drafts[:n, :drafts].copy_(tokens)
+        inp.cand_ids[:n, :drafts].copy_(cand_ids)
+        inp.cand_probs[:n, :drafts].copy_(cand_probs)
 
     # ----------------------------------------------------------------- CUDA graphs
     def capture_graphs(self, sizes: list[int], progress: bool = True,

@@ -293,16 +293,26 @@ class DSpineDraft(nn.Module):
 
     @torch.inference_mode()
     def propose(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
-                v_caches, temperature, uniforms, top_k: int | None = None):
+                v_caches, temperature, uniforms, top_k: int | None = None,
+                drafts: int | None = None):
         """One draft round for a batch of blocks: `forward`, the heads, the transition walk.
-        Returns (tokens, cand_ids, cand_probs); arguments as `forward`, plus the walk's
-        ``temperature [b]`` and ``uniforms [b, B-1]``."""
+        Returns (tokens, cand_ids, cand_probs) for the first ``drafts`` positions (default all
+        B-1); arguments as `forward`, plus the walk's ``temperature [b]`` and
+        ``uniforms [b, B-1]``.
+
+        The layers always run over the whole block (its attention is bidirectional: a shorter
+        block would change every proposal), but the heads and the walk only over the drafts
+        the round verifies: the walk chooses d_j from d_{j-1} alone, so the first J drafts are
+        the same whether or not the later ones are chosen (on the CPU the lm_head over 15 rows
+        is a third of the draft forward)."""
         hn = self(anchors, ctx_taps, ctx_positions, ctx_slots, meta, k_caches, v_caches)
+        if drafts is not None and drafts < hn.shape[1]:
+            hn, uniforms = hn[:, :drafts], uniforms[:, :drafts]
         logits, g = self.heads(hn)
         tables = self.bound.transition
         pair = None if tables is None else (g, tables.pred, tables.succ)
         return choose_drafts(logits, pair, anchors, top_k or self.config.transition_top_k,
-                             temperature, uniforms)
+                             temperature, uniforms.contiguous())
 
     def heads(self, hn: torch.Tensor):
         """U_j = lm_head(hn_j) and G_j = W_h hn_j (None without the transition head)."""
