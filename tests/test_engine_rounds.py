@@ -88,6 +88,30 @@ def test_a_staged_round_runs_twice_the_same(tiny_llama, tmp_path):
     assert pools_whole(eng)
 
 
+@pytest.mark.parametrize("tokens", [2, 5])
+def test_a_shorter_verify_drafts_the_whole_blocks_first_drafts(tiny_llama, tmp_path, tokens):
+    """A round verifying ``tokens`` positions runs the draft's heads and walk over its
+    tokens - 1 drafts only (runner.propose): they are the first drafts of the whole block's
+    walk, candidates and probabilities included."""
+    draft = write_tiny_random_draft(tmp_path / "draft", seed=5)
+    eng = Engine(tiny_llama, draft=draft, progress=False, max_num_seqs=4, page_size=4)
+    runner, outputs = eng.runner, lambda: (runner.inputs.drafts, runner.inputs.cand_ids,
+                                           runner.inputs.cand_probs)
+    with running_after_rounds(eng, PROMPTS[:3], rounds=2, max_tokens=40) as seqs:
+        seats = prepared(eng, seqs)
+        taps_before = runner._taps.clone()
+        runner.propose()
+        whole = [t[:3, :tokens - 1].clone() for t in outputs()]
+        for t in outputs():
+            t.fill_(-7)  # poisoned: the short round must write every draft it verifies
+        runner._taps.copy_(taps_before)
+        runner.prepare_round(seqs, seats, tokens)
+        runner.propose()
+        for first, short in zip(whole, outputs()):
+            assert torch.equal(first, short[:3, :tokens - 1])
+    assert pools_whole(eng)
+
+
 def test_admission_batch_waits_for_free_seats_and_changes_no_output(tiny_llama):
     """admission_batch=2: a running batch takes new requests only once two seats are free (one
     prefill step for both), and every request's tokens are those of admission at once."""

@@ -1,4 +1,5 @@
-// A tiny thread pool for many short parallel loops (the quantised GEMVs: ~120 a decoded token).
+// A tiny thread pool for many short parallel loops (the quantised GEMVs: ~120 a decoded token,
+// and every CPU kernel's parallel_for: common.h).
 //
 // Why not an OpenMP region: a region ends at a barrier that waits for every thread of the team
 // to arrive, so on a machine whose cores are shared with other processes a loop waits a whole
@@ -34,8 +35,10 @@ class ChunkPool {
   }
 
   // Runs body(ctx, c) for c in [0, chunks) on the caller and up to threads - 1 helpers.
+  // A call from inside a chunk (a parallel loop nested in another) runs serially: the pool
+  // runs one job at a time, and the outer job's caller is waiting for this chunk.
   void run(int64_t chunks, int threads, Body body, void* ctx) {
-    if (chunks <= 1 || threads <= 1) {
+    if (chunks <= 1 || threads <= 1 || in_chunk()) {
       for (int64_t c = 0; c < chunks; ++c) body(ctx, c);
       return;
     }
@@ -68,13 +71,20 @@ class ChunkPool {
  private:
   ChunkPool() = default;
 
+  static bool& in_chunk() {
+    static thread_local bool inside = false;
+    return inside;
+  }
+
   // Claims and runs chunks of job `gen` until none is left; a stale job's claim fails.
   void work(uint64_t gen, Body body, void* ctx, int64_t chunks) {
     for (;;) {
       uint64_t v = next_.load();
       if ((v >> 32) != gen || static_cast<int64_t>(v & 0xffffffffu) >= chunks) return;
       if (!next_.compare_exchange_weak(v, v + 1)) continue;
+      in_chunk() = true;
       body(ctx, static_cast<int64_t>(v & 0xffffffffu));
+      in_chunk() = false;
       done_.fetch_add(1);
     }
   }

@@ -11,7 +11,7 @@ namespace cpu {
 template <typename T>
 void fused_injection(const T* h, const T* gate_h, const T* fproj, T* out, int64_t n,
                      int64_t block, int64_t hidden) {
-  parallel_for(n * block, [&](int64_t row) {
+  parallel_for(n * block, 4 * hidden, [&](int64_t row) {
     const int64_t j = row % block;
     const T* hr = h + row * hidden;
     T* o = out + row * hidden;

@@ -11,7 +11,7 @@ namespace cpu {
 template <typename T>
 void rms_norm(const T* x, const T* residual, const T* w, T* out, T* residual_out, int64_t rows,
               int64_t d, float eps) {
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, d, [&](int64_t r) {
     const T* xr = x + r * d;
     float ss = 0.f;
     if (residual) {

@@ -100,7 +100,9 @@ QuantActs quantize_acts(const float* x, int64_t m, int64_t k) {
   a.d.resize(static_cast<size_t>(m * a.nb));
   a.s.resize(static_cast<size_t>(m * a.nb));
   const int64_t blocks = m * a.nb;
-#pragma omp parallel for schedule(static) if (blocks >= 1024)
+  // Only a prompt's worth of rows pays for an OpenMP region (whose barrier stalls under load,
+  // chunk_pool.h): a 16-row block of a 2880-wide input is ~20 us of work on one thread.
+#pragma omp parallel for schedule(static) if (blocks >= 8192)
   for (int64_t i = 0; i < blocks; ++i)
     quantize_block(x + i * kBlock, a.q.data() + i * kBlock, a.d.data() + i, a.s.data() + i);
   return a;

@@ -22,7 +22,7 @@ inline void rotate_head(const T* in, T* out, const float* cs, int64_t d) {
 template <typename T>
 void rope(const T* x, int64_t x_stride, T* out, const int32_t* positions, const float* cos_sin,
           int64_t n, int64_t heads, int64_t d) {
-  parallel_for(n, [&](int64_t t) {
+  parallel_for(n, heads * d, [&](int64_t t) {
     const float* cs = cos_sin + static_cast<int64_t>(positions[t]) * d;
     for (int64_t h = 0; h < heads; ++h)
       rotate_head(x + t * x_stride + h * d, out + (t * heads + h) * d, cs, d);
@@ -35,7 +35,7 @@ template <typename T>
 void write_kv(const T* k, int64_t k_stride, const T* v, int64_t v_stride,
               const int32_t* positions, const float* cos_sin, T* k_cache, T* v_cache,
               const int32_t* slots, int64_t n, int64_t kv_heads, int64_t d) {
-  parallel_for(n, [&](int64_t t) {
+  parallel_for(n, 2 * kv_heads * d, [&](int64_t t) {
     const int64_t slot = slots[t];
     if (slot < 0) return;
     T* kd = k_cache + slot * kv_heads * d;

@@ -193,7 +193,8 @@ class Engine:
         self.target.cover_positions(self.config.max_position)
         if self.draft is not None:
             self.draft.bind(self.target.embed, self.target.lm_head, cfg,
-                            self.target.lm_head_dense, max_positions=self.config.max_position)
+                            self.target.lm_head_dense, max_positions=self.config.max_position,
+                            weight_format=self.draft_weight_format)
         self.eos_ids = self.tokenizer.eos_token_ids | set(cfg.eos_token_ids)
         c = self.config
         self.cache = self._build_cache_manager()
@@ -210,6 +211,12 @@ class Engine:
                                   has_draft=self.draft is not None, policy=self.policy)
         self.reset_stats()
         self._ids = itertools.count()
+
+    @property
+    def draft_weight_format(self) -> str | None:
+        """How the draft's projections are held: Q8_0 blocks beside a quantised (CPU) target,
+        so the whole round runs on the quantised kernels; else the engine's dtype (None)."""
+        return "q8_0" if self.quantized and self.draft is not None else None
 
     @property
     def block(self) -> int:
@@ -246,7 +253,8 @@ class Engine:
     def _identity(self) -> dict:
         """What a round's cost depends on (the key of the cached verify-cost profile)."""
         return {"device": device_name(self.device), "dtype": str(self.dtype),
-                "quantized": self.quantized, "target": dataclasses.asdict(self.target.config),
+                "quantized": self.quantized, "draft_weights": self.draft_weight_format,
+                "target": dataclasses.asdict(self.target.config),
                 "draft": dataclasses.asdict(self.draft.config) if self.draft else None,
                 "graphs": self.runner.graphs is not None, "page_size": self.config.page_size,
                 "torch": torch.__version__}

@@ -25,7 +25,7 @@ from .attention_meta import AttnMeta
 from .config import ModelConfigError
 from .dense import Dense
 from .draft_config import DraftConfig
-from .quant_dense import embedding_rows, table_times
+from .quant_dense import QuantWeight, embedding_rows, quantize_weight, table_times
 from .weights import WeightStore, checkpoint_files, save_checkpoint
 
 
@@ -111,22 +111,27 @@ class Transition(nn.Module):
         self.succ = _linear(c.hidden_size, c.transition_rank)  # W_b
 
 
+# A draft projection at inference: fp32 (`Dense`) or, beside a quantised CPU target, Q8_0
+# blocks on the quantised kernels (`QuantWeight`; `DSpineDraft.bind`, ``weight_format``).
+Projection = Dense | QuantWeight
+
+
 @dataclass
 class InjectionTables:
     """One layer's injection weights laid out for inference."""
 
-    predictor: Dense  # P_l: norm(h_j) -> f_j
-    gate_h: Dense  # the norm(h_j) half of W_g
-    gate_f_inject: Dense  # [the f_{j-1} half of W_g; W_i]: one GEMM for both readers of f_{j-1}
+    predictor: Projection  # P_l: norm(h_j) -> f_j
+    gate_h: Projection  # the norm(h_j) half of W_g
+    gate_f_inject: Projection  # [the f_{j-1} half of W_g; W_i]: one GEMM for both readers of f_{j-1}
 
 
 @dataclass
 class LayerTables:
-    q: Dense
-    kv: Dense  # [k_proj; v_proj]
-    o: Dense
-    gate_up: Dense  # [gate_proj; up_proj]
-    down: Dense
+    q: Projection
+    kv: Projection  # [k_proj; v_proj]
+    o: Projection
+    gate_up: Projection  # [gate_proj; up_proj]
+    down: Projection
     injection: InjectionTables | None  # None: a DFlash layer
 
 
@@ -134,7 +139,7 @@ class LayerTables:
 class TransitionTables:
     """The transition head at inference: G_j = W_h norm(h_j) and the V x r cache P, Q."""
 
-    hidden_proj: Dense  # W_h
+    hidden_proj: Projection  # W_h
     pred: torch.Tensor  # P = E_out W_a [V, r]
     succ: torch.Tensor  # Q = E_out W_b [V, r]
 
@@ -148,7 +153,7 @@ class BoundTables:
     lm_head: torch.Tensor
     lm_head_dense: Dense
     cos_sin: torch.Tensor  # RoPE table, at least as long as the engine's reach
-    fc: Dense
+    fc: Projection
     mask_row: torch.Tensor  # the block's MASK input row
     layers: list[LayerTables]
     transition: TransitionTables | None  # None: a DFlash drafter
@@ -223,15 +228,25 @@ class DSpineDraft(nn.Module):
 
     # ------------------------------------------------------------------ binding to a target
     def bind(self, embed: torch.Tensor, lm_head: torch.Tensor, target_config,
-             lm_head_dense: Dense | None = None, max_positions: int | None = None) -> None:
+             lm_head_dense: Dense | None = None, max_positions: int | None = None,
+             weight_format: str | None = None) -> None:
         """Attaches the target's embeddings and lm_head (shared, never copied; pass the target's
         `Dense` of it too) and builds the inference caches: the projections laid out for the
         device (fused where they share an input), the RoPE table (at least ``max_positions``
-        rows: the engine's padding positions past the context) and the transition tables."""
+        rows: the engine's padding positions past the context) and the transition tables.
+
+        ``weight_format`` "q8_0" holds the projections in Q8_0 blocks and runs them on the
+        quantised CPU kernels (the engine asks for it beside a quantised target: those kernels
+        run on our chunk pool, not on OpenMP, and read a quarter of the bytes;
+        docs/DECISIONS.md). Drafts change by the rounding only; output stays the target's."""
         c = self.config
         c.check_target(target_config)
         dtype, device = lm_head.dtype, lm_head.device  # (a QuantWeight table computes in fp32)
-        dense = lambda *ws: Dense(torch.cat([w.to(dtype) for w in ws]).contiguous())  # noqa: E731
+
+        def dense(*ws) -> Projection:
+            w = torch.cat([w.to(dtype) for w in ws]).contiguous()
+            return Dense(w) if weight_format is None else quantize_weight(w, weight_format)
+
         with torch.no_grad():
             transition = None
             if c.transition:
@@ -293,16 +308,26 @@ class DSpineDraft(nn.Module):
 
     @torch.inference_mode()
     def propose(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
-                v_caches, temperature, uniforms, top_k: int | None = None):
+                v_caches, temperature, uniforms, top_k: int | None = None,
+                drafts: int | None = None):
         """One draft round for a batch of blocks: `forward`, the heads, the transition walk.
-        Returns (tokens, cand_ids, cand_probs); arguments as `forward`, plus the walk's
-        ``temperature [b]`` and ``uniforms [b, B-1]``."""
+        Returns (tokens, cand_ids, cand_probs) for the first ``drafts`` positions (default all
+        B-1); arguments as `forward`, plus the walk's ``temperature [b]`` and
+        ``uniforms [b, B-1]``.
+
+        The layers always run over the whole block (its attention is bidirectional: a shorter
+        block would change every proposal), but the heads and the walk only over the drafts
+        the round verifies: the walk chooses d_j from d_{j-1} alone, so the first J drafts are
+        the same whether or not the later ones are chosen (on the CPU the lm_head over 15 rows
+        is a third of the draft forward)."""
         hn = self(anchors, ctx_taps, ctx_positions, ctx_slots, meta, k_caches, v_caches)
+        if drafts is not None and drafts < hn.shape[1]:
+            hn, uniforms = hn[:, :drafts], uniforms[:, :drafts]
         logits, g = self.heads(hn)
         tables = self.bound.transition
         pair = None if tables is None else (g, tables.pred, tables.succ)
         return choose_drafts(logits, pair, anchors, top_k or self.config.transition_top_k,
-                             temperature, uniforms)
+                             temperature, uniforms.contiguous())
 
     def heads(self, hn: torch.Tensor):
         """U_j = lm_head(hn_j) and G_j = W_h hn_j (None without the transition head)."""

@@ -1,0 +1,50 @@
+"""The draft beside a quantised CPU target holds its projections in Q8_0 blocks and runs them on
+the quantised kernels (Engine.draft_weight_format): each block is its fp32 weight within half a
+quantisation step, and the draft's states stay those of the fp32-bound draft up to rounding.
+Output is the target's either way (tests/test_quant_lossless.py, with the shipped drafter)."""
+import torch
+
+from dspine_engine import Engine
+from dspine_engine.models.quant_dense import QuantWeight
+from engine_rounds import prepared, running_after_rounds
+from random_drafts import write_random_draft
+
+
+def _projections(bound):
+    tables = [bound.fc, bound.transition.hidden_proj]
+    for layer in bound.layers:
+        tables += [layer.q, layer.kv, layer.o, layer.gate_up, layer.down]
+        inj = layer.injection
+        tables += [inj.predictor, inj.gate_h, inj.gate_f_inject]
+    return tables
+
+
+def _draft_states(eng):
+    runner = eng.runner
+    meta, taps, positions, slots = runner._pending_context(runner._n, runner._width)
+    return eng.draft(runner.inputs.dev["anchors"][:runner._n].long(), taps, positions, slots,
+                     meta, runner.draft_kv.k, runner.draft_kv.v)
+
+
+def test_the_draft_runs_on_q8_0_blocks_beside_a_quantised_target(tmp_path):
+    eng = Engine(None, draft=write_random_draft(tmp_path / "draft"), device="cpu", dtype="gguf",
+                 progress=False, max_num_seqs=2)
+    assert eng.quantized and eng.draft_weight_format == "q8_0"
+    draft, bound = eng.draft, eng.draft.bound
+    assert all(isinstance(t, QuantWeight) and t.format == "q8_0" for t in _projections(bound))
+    weight = draft.layers[0].self_attn.q_proj.weight.detach()
+    blocks = weight.view(weight.shape[0], -1, 32)
+    step = blocks.abs().amax(-1, keepdim=True) / 127
+    error = (bound.layers[0].q.dequantize() - weight).view_as(blocks).abs()
+    # half a step, plus 127 times the fp16 rounding of the block's scale (2^-11 relative)
+    assert bool((error <= step * (0.5 + 127 * 2.0 ** -11) + 1e-12).all())
+
+    with running_after_rounds(eng, ["def add(a, b):", "Say hello."], rounds=2) as seqs:
+        prepared(eng, seqs)
+        quantised = _draft_states(eng)
+        draft.bind(eng.target.embed, eng.target.lm_head, eng.target.config,
+                   eng.target.lm_head_dense, max_positions=eng.config.max_position)
+        exact = _draft_states(eng)
+    assert torch.isfinite(quantised).all()
+    cos = torch.nn.functional.cosine_similarity(quantised.flatten(1), exact.flatten(1), dim=-1)
+    assert float(cos.min()) > 0.999, cos
