@@ -5,8 +5,10 @@ import datetime as _dt
 import json
 import platform
 import re
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -45,6 +47,18 @@ def git_commit() -> str:
     except OSError:
         return "unknown"
     return (commit or "unknown") + ("+dirty" if dirty else "")
+
+
+def median_seconds(fn, reps: int, warmup: int = 1) -> float:
+    """The median wall time of ``reps`` calls of ``fn`` (host-timed) after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    runs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
 
 
 def run_info(device: str) -> dict:

@@ -13,9 +13,7 @@ Medians of --reps timed calls after warm-up; writes benchmarks/results/cpu_atten
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,22 +21,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from common import markdown_table, run_info, save_json  # noqa: E402
+from common import markdown_table, median_seconds, run_info, save_json  # noqa: E402
 from kernel_cases import attention_case  # noqa: E402
 
 HQ, HKV, D, PAGE = 9, 3, 64, 16
 CASES = [("decode", 1, 1), ("decode", 20, 1), ("verify 16", 1, 16), ("verify 16", 20, 16)]
-
-
-def timed(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def sdpa_inputs(q, kc, vc, tables, q_len: int, kv_len: int, batch: int):
@@ -67,13 +54,14 @@ def run_case(mode: str, batch: int, q_len: int, context: int, reps: int) -> dict
     q, kc, vc, bt, kl, cu, mq = attention_case([q_len] * batch, [kv_len] * batch, HQ, HKV, D,
                                                PAGE, torch.float32, "cpu", seed=batch + q_len)
     scale = D ** -0.5
-    ours = timed(lambda: ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, scale), reps)
+    ours = median_seconds(
+        lambda: ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, scale), reps, warmup=3)
     per_seq, mask = sdpa_inputs(q, kc, vc, bt, q_len, kv_len, batch), causal_mask(q_len, kv_len)
     def run_sdpa():
         return [F.scaled_dot_product_attention(a, k, v, attn_mask=mask, scale=scale)
                 for a, k, v in per_seq]
 
-    sdpa = timed(run_sdpa, reps)
+    sdpa = median_seconds(run_sdpa, reps, warmup=3)
     # The same answer, or the timings compare different work.
     want = torch.cat([o[0].transpose(0, 1) for o in run_sdpa()])
     got = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, scale)

@@ -26,26 +26,14 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import RESULTS, run_info, save_json  # noqa: E402
+from common import RESULTS, median_seconds as timed, run_info, save_json  # noqa: E402
 
 WIDTHS = (1, 2, 4, 8, 16)
-
-
-def timed(fn, reps: int) -> float:
-    """The median of ``reps`` calls after one warm-up."""
-    fn()
-    runs = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
 
 
 def draft_forward(runner, b: int):
