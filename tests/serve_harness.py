@@ -17,14 +17,19 @@ class Server(ServerProcess):
         super().__init__(["--quiet", "--log-level", "warning"] + list(args), start_timeout=300)
 
 
-def metrics(url: str) -> dict[str, float]:
-    """/metrics as {'name{labels}': value} (the Prometheus text format, comments dropped)."""
+def parse_metrics(text: str) -> dict[str, float]:
+    """The Prometheus text format as {'name{labels}': value}, comments dropped."""
     out = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in text.splitlines():
         if line and not line.startswith("#"):
             key, value = line.rsplit(" ", 1)
             out[key] = float(value)
     return out
+
+
+def metrics(url: str) -> dict[str, float]:
+    """/metrics of the server at ``url``."""
+    return parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
 
 
 def wait_idle(url: str, timeout: float = 10.0) -> dict[str, float]:

@@ -11,7 +11,7 @@ pytest.importorskip("fastapi", reason="needs the serve extras (pip install -e '.
 httpx = pytest.importorskip("httpx")
 
 from random_drafts import write_tiny_random_draft  # noqa: E402
-from serve_harness import Server, metrics, sse_events, wait_idle  # noqa: E402
+from serve_harness import Server, metrics, parse_metrics, sse_events, wait_idle  # noqa: E402
 
 KEY = "test-key"
 MODEL = "tiny"
@@ -169,11 +169,18 @@ def test_queue_full_is_503_with_a_clear_message(server):
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=120) as c:
             async def long_request(i):
                 return await c.post("/v1/chat/completions",
-                                    json=_chat(f"story {i}", max_tokens=30, ignore_eos=True))
+                                    json=_chat(f"story {i}", max_tokens=LONG, ignore_eos=True))
+
+            async def in_flight():  # on the event loop (a blocking poll would stall the three)
+                return parse_metrics((await c.get("/metrics")).text)["dspine_requests_in_flight"]
 
             tasks = [asyncio.create_task(long_request(i)) for i in range(3)]
-            while metrics(server.url)["dspine_requests_in_flight"] < 3:
-                await asyncio.sleep(0.02)
+            # Bounded: the three could finish between two polls on a fast machine; the test
+            # then fails here instead of waiting forever (it once hung CI this way).
+            deadline = asyncio.get_running_loop().time() + 30
+            while (seen := await in_flight()) < 3:
+                assert asyncio.get_running_loop().time() < deadline, f"{seen} in flight"
+                assert not all(t.done() for t in tasks), "the three finished before the poll"
             refused = await c.post("/v1/chat/completions", json=_chat())
             return refused, await asyncio.gather(*tasks)
 
@@ -182,7 +189,7 @@ def test_queue_full_is_503_with_a_clear_message(server):
     err = refused.json()["error"]
     assert err["code"] == "queue_full" and "at capacity" in err["message"]
     assert [r.status_code for r in served] == [200] * 3
-    assert all(r.json()["usage"]["completion_tokens"] == 30 for r in served)
+    assert all(r.json()["usage"]["completion_tokens"] == LONG for r in served)
 
 
 def test_disconnect_frees_target_and_draft_pages(server):
