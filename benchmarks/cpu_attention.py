@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ours and SDPA disagree (relative error {worst:.2e})", file=sys.stderr)
         return 1
     save_json("cpu_attention", dict(run_info("cpu"), threads=args.threads, rows=rows),
-              Path(args.out))
+              Path(args.out) if args.out else None)
     return 0
 
 
