@@ -161,35 +161,53 @@ def test_unknown_path_is_a_json_404(server):
     assert r.status_code == 404 and "error" in r.json()
 
 
-def test_queue_full_is_503_with_a_clear_message(server):
+@pytest.fixture(scope="module")
+def busy_server(tiny_llama, draft_dir):
+    """2 running seats + 1 queued, with room for requests long enough that the queued one
+    waits for seconds, not milliseconds: the fourth request meets a full queue on any machine
+    (with the 128-token pool above, a slow CI machine once let the queue drain between the
+    test's /metrics poll and its fourth request)."""
+    args = ["--model", str(tiny_llama), "--draft", str(draft_dir), "--api-key", KEY,
+            "--served-model-name", MODEL, "--kv-cache-tokens", "1024", "--max-num-seqs", "2",
+            "--max-queue", "1"]
+    with Server(args) as s:
+        yield s
+
+
+BUSY = 400  # tokens of each request that fills the busy server (the context holds 512)
+
+
+def test_queue_full_is_503_with_a_clear_message(busy_server):
     """2 seats + 1 queue slot: three long requests are in flight, the fourth is refused, the
     three finish."""
 
     async def scenario():
-        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=120) as c:
+        async with httpx.AsyncClient(base_url=busy_server.url, headers=AUTH, timeout=120) as c:
             async def long_request(i):
                 return await c.post("/v1/chat/completions",
-                                    json=_chat(f"story {i}", max_tokens=LONG, ignore_eos=True))
+                                    json=_chat(f"story {i}", max_tokens=BUSY, ignore_eos=True))
 
             async def in_flight():  # on the event loop (a blocking poll would stall the three)
                 return parse_metrics((await c.get("/metrics")).text)["dspine_requests_in_flight"]
 
             tasks = [asyncio.create_task(long_request(i)) for i in range(3)]
-            # Bounded: the three could finish between two polls on a fast machine; the test
-            # then fails here instead of waiting forever (it once hung CI this way).
+            # Bounded: should the three ever finish between two polls, the test fails here
+            # instead of waiting forever (it once hung CI this way).
             deadline = asyncio.get_running_loop().time() + 30
             while (seen := await in_flight()) < 3:
                 assert asyncio.get_running_loop().time() < deadline, f"{seen} in flight"
                 assert not all(t.done() for t in tasks), "the three finished before the poll"
             refused = await c.post("/v1/chat/completions", json=_chat())
-            return refused, await asyncio.gather(*tasks)
+            still = await in_flight()
+            return refused, still, await asyncio.gather(*tasks)
 
-    refused, served = asyncio.run(scenario())
-    assert refused.status_code == 503
+    refused, still, served = asyncio.run(scenario())
+    assert still == 3, "the queue drained before the fourth request: the test proves nothing"
+    assert refused.status_code == 503, refused.text
     err = refused.json()["error"]
     assert err["code"] == "queue_full" and "at capacity" in err["message"]
     assert [r.status_code for r in served] == [200] * 3
-    assert all(r.json()["usage"]["completion_tokens"] == LONG for r in served)
+    assert all(r.json()["usage"]["completion_tokens"] == BUSY for r in served)
 
 
 def test_disconnect_frees_target_and_draft_pages(server):
