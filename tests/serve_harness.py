@@ -42,6 +42,22 @@ def wait_idle(url: str, timeout: float = 10.0) -> dict[str, float]:
         time.sleep(0.05)
 
 
+async def wait_for_metric(client, name: str, at_least: float, tasks, timeout: float = 30.0
+                          ) -> float:
+    """Polls /metrics on the event loop (a blocking poll would stall the requests in ``tasks``)
+    until ``name`` reaches ``at_least``; returns the reading. Bounded: should the requests all
+    finish first, or the deadline pass, it fails instead of waiting forever (a poll without a
+    bound once hung CI)."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout
+    while (seen := parse_metrics((await client.get("/metrics")).text)[name]) < at_least:
+        assert asyncio.get_running_loop().time() < deadline, f"{name} = {seen} after {timeout} s"
+        assert not all(t.done() for t in tasks), f"the requests finished with {name} = {seen}"
+        await asyncio.sleep(0.01)
+    return seen
+
+
 def sse_events(lines) -> list:
     """The JSON events of a server-sent-event body up to ``[DONE]`` (which must come last)."""
     events, done = [], False

@@ -11,12 +11,14 @@ pytest.importorskip("fastapi", reason="needs the serve extras (pip install -e '.
 httpx = pytest.importorskip("httpx")
 
 from random_drafts import write_tiny_random_draft  # noqa: E402
-from serve_harness import Server, metrics, parse_metrics, sse_events, wait_idle  # noqa: E402
+from serve_harness import (Server, metrics, parse_metrics, sse_events,  # noqa: E402
+                           wait_for_metric, wait_idle)
 
 KEY = "test-key"
 MODEL = "tiny"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LONG = 60  # tokens of the request that streams while the bad ones are refused
+IN_FLIGHT = "dspine_requests_in_flight"
 
 
 @pytest.fixture(scope="module")
@@ -187,18 +189,10 @@ def test_queue_full_is_503_with_a_clear_message(busy_server):
                 return await c.post("/v1/chat/completions",
                                     json=_chat(f"story {i}", max_tokens=BUSY, ignore_eos=True))
 
-            async def in_flight():  # on the event loop (a blocking poll would stall the three)
-                return parse_metrics((await c.get("/metrics")).text)["dspine_requests_in_flight"]
-
             tasks = [asyncio.create_task(long_request(i)) for i in range(3)]
-            # Bounded: should the three ever finish between two polls, the test fails here
-            # instead of waiting forever (it once hung CI this way).
-            deadline = asyncio.get_running_loop().time() + 30
-            while (seen := await in_flight()) < 3:
-                assert asyncio.get_running_loop().time() < deadline, f"{seen} in flight"
-                assert not all(t.done() for t in tasks), "the three finished before the poll"
+            await wait_for_metric(c, IN_FLIGHT, 3, tasks)
             refused = await c.post("/v1/chat/completions", json=_chat())
-            still = await in_flight()
+            still = parse_metrics((await c.get("/metrics")).text)[IN_FLIGHT]
             return refused, still, await asyncio.gather(*tasks)
 
     refused, still, served = asyncio.run(scenario())

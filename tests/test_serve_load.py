@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("fastapi", reason="needs the serve extras (pip install -e '.[serve]')")
 httpx = pytest.importorskip("httpx")
 
-from serve_harness import Server, metrics, sse_events, wait_idle  # noqa: E402
+from serve_harness import Server, metrics, sse_events, wait_for_metric, wait_idle  # noqa: E402
 
 MODEL = "tiny"
 CLIENTS = 32
@@ -203,8 +203,7 @@ def test_sigterm_aborts_what_outlasts_the_shutdown_timeout_then_exits_0(server):
                     return [line async for line in r.aiter_lines()]
 
             tasks = [asyncio.create_task(long_stream()) for _ in range(8)]
-            while metrics(server.url)["dspine_requests_running"] < 8:
-                await asyncio.sleep(0.02)
+            await wait_for_metric(c, "dspine_requests_running", 8, tasks)
             server.send_sigterm()
             return await asyncio.gather(*tasks)
 
