@@ -38,6 +38,37 @@ PROMPTS = ["Explain tensor parallelism.", "Write a poem about the sea.", "def qu
            "Translate 'good morning' into French.", "What is a KV cache?"]
 
 
+def _allreduce_rank(rank: int, store: str, hidden: int, reps: int, out) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    x = torch.randn(1, hidden)
+    for _ in range(reps // 10):
+        dist.all_reduce(x)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dist.all_reduce(x)
+    if rank == 0:
+        out.put((time.perf_counter() - t0) / reps)
+    dist.destroy_process_group()
+
+
+def allreduce_latency(hidden: int, reps: int = 500) -> float:
+    """Seconds per gloo all-reduce of one decode row [1, hidden] between 2 processes: what
+    each of a step's 2 x layers all-reduces costs here."""
+    import torch.multiprocessing as mp
+
+    out = mp.get_context("spawn").SimpleQueue()
+    store = tempfile.mktemp(prefix="tp-bench-store-")
+    mp.start_processes(_allreduce_rank, args=(store, hidden, reps, out), nprocs=2,
+                       start_method="spawn")
+    return out.get()
+
+
 def timed_run(engine, prompts, tokens: int):
     from dspine_engine import SamplingParams
     from dspine_engine.distributed.layout import available_ranks
@@ -86,12 +117,17 @@ def main() -> int:
         print(rows[-1], file=sys.stderr)
     for eng in engines.values():
         eng.close()
-    payload = dict(info, shape=SHAPE, rows=rows, trials=args.trials)
+    latency = allreduce_latency(SHAPE["hidden_size"])
+    payload = dict(info, shape=SHAPE, rows=rows, trials=args.trials,
+                   allreduce_seconds=latency)
     print(f"wrote {save_json('tp_cpu', payload, Path(args.out))}", file=sys.stderr)
     table = markdown_table(
         ["batch", "TP=1 tok/s", "TP=2 tok/s", "TP=2 / TP=1", "outputs identical"],
         [[r["batch"], r["tp1_tokens_per_second"], r["tp2_tokens_per_second"],
           r["tp2_over_tp1"], "yes" if r["identical"] else "no"] for r in rows])
+    table += (f"\n\nOne gloo all-reduce of a decode row [1, {SHAPE['hidden_size']}] between two "
+              f"processes: {latency * 1e6:.0f} us (a step makes {2 * SHAPE['num_hidden_layers']} "
+              "of them, plus one broadcast and one logits gather).")
     update_doc_section("tp-cpu", table, info)
     print(table)
     return 0
