@@ -184,3 +184,19 @@ def test_generate_cli_with_two_ranks_answers_as_one(tiny_qwen3):
     one, two = run(1), run(2)
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert two.stdout == one.stdout and two.stdout.strip()
+
+
+def test_a_worker_that_fails_to_start_is_a_clear_error(tiny_qwen3, monkeypatch, tmp_path):
+    """A worker that dies before joining (here: a module that exits at once, as a broken
+    install would) is reported with its exit code at once, not after the rendezvous timeout,
+    and leaves no process group behind."""
+    from dspine_engine.distributed import workers
+
+    (tmp_path / "dies_at_once.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setattr(workers._Worker, "MODULE", "dies_at_once")
+    t0 = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"rank 1 \(pid \d+\) exited with code 3 "
+                                                  r"\(while starting\)"):
+        Engine(tiny_qwen3, progress=False, tensor_parallel_size=2)
+    assert time.monotonic() - t0 < 20 and not dist.is_initialized()

@@ -45,12 +45,14 @@ class TensorParallelError(EngineDeadError):
 class _Worker:
     """One worker process and its two pipe ends."""
 
+    MODULE = "dspine_engine.distributed.worker"  # what runs in the process (a test swaps it)
+
     def __init__(self, rank: int):
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [package_root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         self.rank = rank
-        self.proc = subprocess.Popen([sys.executable, "-m", "dspine_engine.distributed.worker"],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.MODULE],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.tx = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
         self.rx = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
