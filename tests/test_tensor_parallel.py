@@ -22,8 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dspine_engine import Engine, SamplingParams
-from dspine_engine.distributed import TensorParallelError
+from dspine_engine import Engine, SamplingParams, TensorParallelError
 from dspine_engine.models.attention_meta import AttnMeta
 from random_drafts import write_tiny_random_draft
 from tiny_models import write_tiny_model
@@ -146,6 +145,7 @@ def test_a_killed_worker_stops_the_engine_with_a_clear_error(tiny_qwen3):
         stream = eng.stream("Once upon a time", SamplingParams(max_tokens=400,
                                                                ignore_eos=True))
         next(stream)
+        other = eng.add_request("Another request", SamplingParams(max_tokens=400))
         os.kill(pid, signal.SIGKILL)  # mid-request: the next forward meets a dead peer
         t0 = time.monotonic()
         with pytest.raises(TensorParallelError, match=r"worker rank 1 \(pid \d+\) exited with "
@@ -154,6 +154,9 @@ def test_a_killed_worker_stops_the_engine_with_a_clear_error(tiny_qwen3):
                 pass
         assert time.monotonic() - t0 < 30  # bounded: no waiting for a collective timeout
         assert eng._workers.closed and not dist.is_initialized()
+        # The other request in flight ended with the same error (step() returns its news).
+        (out,) = [o for o in eng.step() if o.request_id == other]
+        assert out.finished and out.finish_reason == "error" and "code -9" in out.error
         # Every later call fails at once with the same cause; nothing is left queued.
         with pytest.raises(TensorParallelError, match="exited with code -9"):
             eng.generate(["a", "b"], GREEDY)
