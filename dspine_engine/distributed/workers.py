@@ -169,9 +169,14 @@ class WorkerGroup:
     # ------------------------------------------------------------------ messages
     def _send(self, msg: tuple) -> None:
         for w in self._workers:
-            if w.proc.poll() is not None:
-                raise ConnectionError("a worker is not running")
-            w.tx.send(msg)
+            try:
+                if w.proc.poll() is None:
+                    w.tx.send(msg)
+                    continue
+            except OSError:  # it died between the check and the send
+                pass
+            w.drain()
+            raise TensorParallelError(w.describe())
 
     def _await(self, kind: str, timeout_s: float) -> None:
         """Waits for ``kind`` from every worker, watching that each is alive."""
