@@ -11,7 +11,9 @@ from .engine.handles import RequestHandle
 from .engine.kv_cache import KVCacheFullError
 from .engine.outputs import GenerationResult, RequestOutput, RequestStats
 from .engine.sampling import SamplingParams
+from .distributed import TensorParallelError
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "SamplingParams", "GenerationResult",
-           "RequestHandle", "RequestOutput", "RequestStats", "KVCacheFullError"]
+           "RequestHandle", "RequestOutput", "RequestStats", "KVCacheFullError",
+           "TensorParallelError"]
 __version__ = "0.1.0"

@@ -47,6 +47,9 @@ def test_generate_reads_stdin_and_raw_mode(tiny_llama):
     (["--spec-policy", "greedy"], "invalid choice: 'greedy'"),
     (["--num-speculative-tokens", "0"], "must be a positive integer, got '0'"),
     (["--num-speculative-tokens", "x"], "must be a positive integer, got 'x'"),
+    (["--tensor-parallel-size", "0"], "must be a positive integer, got '0'"),
+    (["--tensor-parallel-size", "3"], "tensor_parallel_size 3 does not divide the target's "
+                                      "num_attention_heads (4)"),
 ])
 def test_generate_errors_are_clear(tiny_llama, args, message):
     base = ["dspine_engine.cli.generate", "--quiet", "--model", str(tiny_llama)]

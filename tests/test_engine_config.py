@@ -23,6 +23,8 @@ from random_drafts import write_tiny_random_draft
     (dict(kv_cache_tokens=8, page_size=16), "less than one page"),
     (dict(max_model_len=0), "max_model_len"), (dict(max_prefill_tokens=0), "max_prefill"),
     (dict(cuda_graphs="yes"), "cuda_graphs"), (dict(admission_batch=0), "admission_batch"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be a positive integer, got 0"),
+    (dict(tensor_parallel_size=1.5), "tensor_parallel_size"),
 ])
 def test_bad_settings_are_refused_before_loading(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):

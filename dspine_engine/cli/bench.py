@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from .generate import _positive_int, format_lengths
+from .generate import _positive_int, add_parallel_argument, format_lengths
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -33,6 +33,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="benchmarks/results", help="directory for JSON and PNG")
     p.add_argument("--name", default=None, help="file name stem of the results")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_parallel_argument(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +94,8 @@ def cmd_accept(args) -> dict:
 
     prompts = _prompts(args)
     engine = Engine(args.target, draft=args.draft, device=args.device, dtype=args.dtype,
-                    progress=not args.quiet, max_num_seqs=args.batch)
+                    progress=not args.quiet, max_num_seqs=args.batch,
+                    tensor_parallel_size=args.tensor_parallel_size)
     res = acceptance(engine, prompts, lambda i: SamplingParams(
         max_tokens=args.max_new_tokens, temperature=args.temperature,
         seed=args.seed + i if args.temperature > 0 else None), args.batch, not args.quiet)
@@ -183,7 +185,8 @@ def cmd_e2e(args) -> dict:
         engine = Engine(args.target, draft=path, device=args.device, dtype=args.dtype,
                         progress=not args.quiet, max_num_seqs=max(args.concurrency),
                         spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
-                        reprofile=args.reprofile and path is not None)
+                        reprofile=args.reprofile and path is not None,
+                        tensor_parallel_size=args.tensor_parallel_size)
         for c in args.concurrency:
             row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet,
                                    args.stop_at_eos)
@@ -201,6 +204,7 @@ def cmd_e2e(args) -> dict:
                      if path is not None else ""), file=sys.stderr)
             res = _e2e_result(args, prompts, rows, engine)
             _write(args.out, args.name or f"e2e_{engine.device.type}", res)  # after every row
+        engine.close()
         del engine
     return res
 
@@ -213,6 +217,7 @@ def _e2e_result(args, prompts, rows, engine) -> dict:
     return {"rows": rows, "prompts": args.prompts, "num_prompts": len(prompts),
             "max_new_tokens": args.max_new_tokens, "stop_at_eos": args.stop_at_eos,
             "device": str(engine.device),
+            "tensor_parallel_size": engine.config.tensor_parallel_size,
             "dtype": str(engine.dtype)}
 
 

@@ -37,6 +37,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     draft.add_argument("--no-draft", action="store_true",
                        help="plain autoregressive decoding (the baseline)")
     add_spec_arguments(p)
+    add_parallel_argument(p)
 
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +54,14 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reprofile", action="store_true",
                    help="measure the verify-cost profile again (auto policy) instead of "
                         "reading the cached one")
+
+
+def add_parallel_argument(p: argparse.ArgumentParser) -> None:
+    """--tensor-parallel-size (generate, serve, bench)."""
+    p.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
+                   help="shard the target over N processes (tensor parallelism over "
+                        "torch.distributed; gloo on the CPU, one core or more per rank); the "
+                        "heads, KV heads and intermediate size must divide by N (default 1)")
 
 
 def _positive_int(text: str) -> int:
@@ -169,7 +178,7 @@ def _generate(args) -> int:
         params.validate()
         engine = Engine(args.model, draft=_draft_choice(args), device=args.device,
                         dtype=args.dtype, progress=not args.quiet, max_num_seqs=1,
-                        **spec_settings(args))
+                        tensor_parallel_size=args.tensor_parallel_size, **spec_settings(args))
         final = None
         for out in engine.stream(_request(args, prompt), params, chat=not args.no_chat):
             sys.stdout.write(out.new_text)

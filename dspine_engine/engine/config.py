@@ -16,7 +16,8 @@ from os import PathLike
 from ..models.config import ModelConfigError
 from .spec_policy import POLICIES, verify_widths
 
-_POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_batch")
+_POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_batch",
+                  "tensor_parallel_size")
 _OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len")
 
 
@@ -38,6 +39,9 @@ class EngineConfig:
     num_speculative_tokens: int | None = None  # drafts verified (at most); None: block - 1
     spec_cost_profile: str | None = None  # "auto": a cost-profile JSON to use instead of probing
     reprofile: bool = False  # "auto": measure the verify cost again (replacing the cached one)
+    # Ranks the target is sharded over (distributed/): 1 = this process alone; N > 1 starts
+    # N - 1 worker processes (the layout is checked against the target before they start).
+    tensor_parallel_size: int = 1
 
     # Derived from the models by derive(); not arguments.
     block_size: int = field(default=1, init=False)  # tokens a round verifies per sequence

@@ -22,6 +22,12 @@ from .speculative import speculative_round
 log = logging.getLogger("dspine_engine")
 
 
+class EngineDeadError(RuntimeError):
+    """A failure after which the engine cannot run another step (a tensor-parallel worker died).
+    Unlike a failed batch, it is not contained: every unfinished request ends with the error,
+    and the step raises it to whoever drove it."""
+
+
 class LoopDriver:
     def __init__(self, scheduler: Scheduler, runner, stats, has_draft: bool, policy=None):
         self.scheduler = scheduler
@@ -133,6 +139,10 @@ class LoopDriver:
             new_tokens = (self._prefill(admitted) if admitted
                           else speculative_round(self.runner, self.scheduler, batch, self.stats,
                                                  self.policy))
+        except EngineDeadError as e:
+            log.error("engine stopped: %s", e)
+            self._fail_all(f"{type(e).__name__}: {e}")
+            raise
         except Exception as e:  # a failed batch must not take the engine down
             log.exception("step failed")
             for s in batch:
@@ -144,6 +154,12 @@ class LoopDriver:
         for seq in batch:
             self._emit(seq, new_tokens.get(seq.request_id, []))
         return True
+
+    def _fail_all(self, error: str) -> None:
+        """Ends every unfinished request (running or waiting) with ``error``."""
+        for seq in list(self._seqs.values()):
+            self.scheduler.finish(seq, "error", error=error)
+            self._deliver(self._finished_output(seq, ""))
 
     def _prefill(self, seqs: list[Sequence]) -> dict[str, list[int]]:
         seats = CacheManager.seats_of(seqs)

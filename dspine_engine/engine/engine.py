@@ -143,7 +143,7 @@ class Engine:
                  max_prefill_tokens=_DEFAULT, max_model_len=_DEFAULT, cuda_graphs=_DEFAULT,
                  admission_batch=_DEFAULT, spec_policy=_DEFAULT,
                  num_speculative_tokens=_DEFAULT, spec_cost_profile=_DEFAULT,
-                 reprofile=_DEFAULT, progress: bool = True,
+                 reprofile=_DEFAULT, tensor_parallel_size=_DEFAULT, progress: bool = True,
                  config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
@@ -161,18 +161,22 @@ class Engine:
         draft, ``spec_policy`` "fixed" (default) verifies ``num_speculative_tokens`` drafts every
         round (default: the whole block) and "auto" chooses per round and sequence from a
         measured cost model (cached; ``reprofile=True`` measures again, ``spec_cost_profile``
-        reads a given profile) and each request's acceptance (spec_policy.py). Every value is
-        checked before anything loads (ValueError naming it)."""
+        reads a given profile) and each request's acceptance (spec_policy.py).
+        ``tensor_parallel_size`` N > 1 shards the target over N processes (this one and N - 1
+        workers it starts; distributed/): the API and the outputs stay those of one process;
+        `close()` (or ``with Engine(...)``, or the interpreter's exit) stops the workers. Every
+        value, and the tensor-parallel layout, is checked before anything loads or starts
+        (ValueError naming it)."""
         from ..models.default_model import gguf_source, resolve_model_path
-        from ..models.drafters import resolve_draft_path
-        from ..models.gguf_target import load_gguf_target, use_quantized
+        from ..models.gguf_target import use_quantized
 
         given = {k: v for k, v in dict(
             kv_cache_tokens=kv_cache_tokens, page_size=page_size, max_num_seqs=max_num_seqs,
             max_prefill_tokens=max_prefill_tokens, max_model_len=max_model_len,
             cuda_graphs=cuda_graphs, admission_batch=admission_batch, spec_policy=spec_policy,
             num_speculative_tokens=num_speculative_tokens, spec_cost_profile=spec_cost_profile,
-            reprofile=reprofile).items() if v is not _DEFAULT}
+            reprofile=reprofile, tensor_parallel_size=tensor_parallel_size).items()
+            if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
         check_device(self.device)
@@ -181,6 +185,17 @@ class Engine:
         self.dtype = torch.float32 if self.quantized else resolve_dtype(dtype, self.device)
         target_dir = resolve_model_path(target)
         self.model_dir = Path(target_dir)
+        self._workers = self._start_workers(target_dir)
+        try:
+            self._build(target_dir, draft, gguf_path, progress)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, target_dir: Path, draft, gguf_path: Path | None, progress: bool) -> None:
+        from ..models.drafters import resolve_draft_path
+        from ..models.gguf_target import load_gguf_target
+
         self.tokenizer = Tokenizer(target_dir)
         self.target = (load_gguf_target(gguf_path, progress) if self.quantized else
                        TargetModel.load(target_dir, self.device, self.dtype, progress=progress))
@@ -195,12 +210,16 @@ class Engine:
             self.draft.bind(self.target.embed, self.target.lm_head, cfg,
                             self.target.lm_head_dense, max_positions=self.config.max_position,
                             weight_format=self.draft_weight_format)
+        if self._workers is not None:  # after bind: the draft keeps the whole lm_head
+            self.target = self._workers.drive(self.target)
         self.eos_ids = self.tokenizer.eos_token_ids | set(cfg.eos_token_ids)
         c = self.config
         self.cache = self._build_cache_manager()
+        if self._workers is not None:
+            self._workers.setup(c.max_position, self.cache.target.pool.num_pages, c.page_size)
         self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_prefill_tokens,
                                    c.admission_batch)
-        use_graphs = c.cuda_graphs and self.device.type == "cuda"
+        use_graphs = c.cuda_graphs and self.device.type == "cuda" and self._workers is None
         sizes = graph_sizes(c.max_num_seqs) if use_graphs else []
         self.runner = ModelRunner(self.target, self.draft, self.cache,
                                   max_batch=max([c.max_num_seqs] + sizes))
@@ -211,6 +230,28 @@ class Engine:
                                   has_draft=self.draft is not None, policy=self.policy)
         self.reset_stats()
         self._ids = itertools.count()
+
+    def _start_workers(self, target_dir: Path):
+        """The tensor-parallel workers (None for one rank), once the layout is known to fit."""
+        size = self.config.tensor_parallel_size
+        if size == 1:
+            return None
+        from ..distributed import WorkerGroup, check_layout
+
+        check_layout(size, TargetConfig.from_dir(target_dir), self.quantized, self.device)
+        return WorkerGroup(size, target_dir, self.device, self.dtype)
+
+    def close(self) -> None:
+        """Stops the tensor-parallel workers (nothing to do for one rank); idempotent. A
+        tensor-parallel engine raises at its next step after this."""
+        if getattr(self, "_workers", None) is not None:
+            self._workers.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def draft_weight_format(self) -> str | None:
@@ -257,6 +298,7 @@ class Engine:
                 "target": dataclasses.asdict(self.target.config),
                 "draft": dataclasses.asdict(self.draft.config) if self.draft else None,
                 "graphs": self.runner.graphs is not None, "page_size": self.config.page_size,
+                "tensor_parallel_size": self.config.tensor_parallel_size,
                 "torch": torch.__version__}
 
     def _capture_graphs(self, sizes: list[int], progress: bool) -> None:
