@@ -1,0 +1,95 @@
+// One online-softmax step of the CPU paged attention (attention.h): the rows of a work item
+// against one chunk of keys. This file holds what every version of the step shares (the chunk and
+// row layout) and the portable step; attention_avx512.h holds the AVX-512 one.
+//
+// What a step computes for a row must depend only on the row, the chunk and the keys the row sees
+// in it, never on the other rows of the call: a verify block's row must equal the same row decoded
+// alone, bit for bit (lossless speculation). Both steps keep that by computing every row with the
+// same code and the same operation order, and by never touching a row with a key it does not see
+// (not even a zero-weight multiply-add, which would turn -0 into +0 or an inf value into NaN).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace dspine {
+namespace cpu {
+namespace attn {
+
+// Keys per step. Chunk c holds keys [c * kKeyChunk, (c + 1) * kKeyChunk): boundaries are
+// absolute positions, so a row meets the same chunks whatever the rows beside it (with a window,
+// chunks starting at the first key the tile sees would move the softmax's rescaling points).
+constexpr int64_t kKeyChunk = 32;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One chunk of keys: fp32 rows of its keys k0 + [j0, j1) (the lanes the item's rows can see).
+struct KeyChunk {
+  int64_t k0;  // absolute position of lane 0
+  int j0, j1;
+  const float* const* k;  // k[j]: key row of lane j (head_dim floats), for j in [j0, j1)
+  const float* const* v;  // v[j]: value row
+};
+
+// The rows of one work item. q is pre-scaled; acc, m, l are the running output, max and sum.
+// Per step: mask[i] bit j says row i sees key k0 + j; s holds kKeyChunk scores, then
+// probabilities, per row; corr the rescaling of the row's output.
+struct Rows {
+  int64_t n, d;
+  const float* q;
+  float *acc, *m, *l, *s, *corr;
+  const uint32_t* mask;
+};
+
+// Lanes j of the chunk at k0 with lo <= k0 + j <= hi.
+inline uint32_t lane_mask(int64_t lo, int64_t hi, int64_t k0) {
+  const int64_t a = std::max<int64_t>(lo - k0, 0), b = std::min<int64_t>(hi - k0, kKeyChunk - 1);
+  if (a > b) return 0;
+  return static_cast<uint32_t>(((uint64_t{1} << (b - a + 1)) - 1) << a);
+}
+
+// The step in plain C++: per row and key a dot product over head_dim (vectorised by the
+// compiler, the same reduction for every row), then the softmax update.
+inline void portable_step(const KeyChunk& c, const Rows& rw) {
+  const int64_t d = rw.d;
+  for (int64_t i = 0; i < rw.n; ++i) {
+    const uint32_t vis = rw.mask[i];
+    if (vis == 0) continue;  // the row sees no key of this chunk
+    const float* q = rw.q + i * d;
+    float* s = rw.s + i * kKeyChunk;
+    float cmax = kNegInf;
+    for (int j = c.j0; j < c.j1; ++j) {
+      if (!(vis >> j & 1u)) continue;
+      const float* k = c.k[j];
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t x = 0; x < d; ++x) dot += q[x] * k[x];
+      s[j] = dot;
+      cmax = std::max(cmax, dot);
+    }
+    if (cmax == kNegInf) continue;
+    const float m_new = std::max(rw.m[i], cmax);
+    const float corr = std::exp(rw.m[i] - m_new);  // exp(-inf) = 0 on the first visible chunk
+    float* acc = rw.acc + i * d;
+    if (corr != 1.f) {
+      for (int64_t x = 0; x < d; ++x) acc[x] *= corr;
+    }
+    float lsum = rw.l[i] * corr;
+    for (int j = c.j0; j < c.j1; ++j) {
+      if (!(vis >> j & 1u)) continue;
+      const float p = std::exp(s[j] - m_new);
+      lsum += p;
+      const float* v = c.v[j];
+#pragma omp simd
+      for (int64_t x = 0; x < d; ++x) acc[x] += p * v[x];
+    }
+    rw.l[i] = lsum;
+    rw.m[i] = m_new;
+  }
+}
+
+}  // namespace attn
+}  // namespace cpu
+}  // namespace dspine
