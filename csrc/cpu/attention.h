@@ -4,7 +4,8 @@
 // Work item = (sequence, kv head, tile of queries). All query heads of the GQA group share one
 // pass over the keys, so each K/V chunk is loaded once per item. Keys are visited in chunks at
 // absolute positions with an online softmax (running max and sum per query row); one chunk is a
-// step (attention_step.h: portable; attention_avx512.h: AVX-512, chosen at run time by isa.h).
+// step (attention_step.h: portable, or SIMD over the AVX-512 or AVX2 kernels of
+// attention_avx512.h / attention_avx2.h, chosen at run time by isa.h).
 //
 // A row's output depends only on the row: not on the query tile, the rows beside it, the thread
 // split or the chunk loads (attention_step.h says how). That is what makes a verify block's row
@@ -16,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_avx2.h"
 #include "attention_avx512.h"
 #include "attention_step.h"
 #include "common.h"
@@ -107,6 +109,35 @@ inline int64_t query_tile(const int32_t* cu_q, const PagedAttentionArgs& a, int 
 // (common.h, 2^16) counts elements of simple loops: 32 of these multiply-adds to one.
 constexpr int64_t kMultiplyAddsPerWorkUnit = 32;
 
+enum class StepKind { kPortable, kAvx2, kAvx512 };
+
+// The step this call runs: the widest SIMD kernels the CPU (and DSPINE_CPU_ISA) allows whose
+// vectors divide head_dim. One process keeps one choice, so a row never meets two.
+inline StepKind step_kind(int64_t d) {
+  const Isa isa = active_isa();
+#if defined(DSPINE_ATTENTION_AVX512)
+  if (isa >= Isa::kAvx512Vnni && d % 16 == 0) return StepKind::kAvx512;
+#endif
+#if defined(DSPINE_ATTENTION_AVX2)
+  if (isa >= Isa::kAvx2 && d % 8 == 0) return StepKind::kAvx2;
+#endif
+  (void)isa;
+  (void)d;
+  return StepKind::kPortable;
+}
+
+inline void run_step(StepKind kind, const KeyChunk& c, const Rows& rw, float* kt) {
+  switch (kind) {
+#if defined(DSPINE_ATTENTION_AVX512)
+    case StepKind::kAvx512: return simd_step<avx512::Avx512>(c, rw, kt);
+#endif
+#if defined(DSPINE_ATTENTION_AVX2)
+    case StepKind::kAvx2: return simd_step<avx2::Avx2>(c, rw, kt);
+#endif
+    default: return portable_step(c, rw);
+  }
+}
+
 }  // namespace attn
 
 template <typename T>
@@ -116,9 +147,7 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
   using namespace attn;
   const int64_t group = a.q_heads / a.kv_heads;
   const int64_t d = a.head_dim;
-#if defined(DSPINE_ATTENTION_AVX512)
-  const bool simd = d % 16 == 0 && active_isa() >= Isa::kAvx512Vnni;
-#endif
+  const StepKind kind = step_kind(d);
 
   // Enumerate work items up front so the threads can balance them.
   const int64_t tile = query_tile(cu_q, a, max_threads());
@@ -164,13 +193,7 @@ void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
                  static_cast<int>(std::min<int64_t>(k_hi - k0 + 1, kKeyChunk)), nullptr, nullptr};
       load_chunk(k_cache, v_cache, table, it.kvh, a, c, sc);
       for (int64_t r = 0; r < rows; ++r) sc.mask[r] = lane_mask(lo[r], hi[r], k0);
-#if defined(DSPINE_ATTENTION_AVX512)
-      if (simd) {
-        avx512_step(c, rw, sc.kt.data());
-        continue;
-      }
-#endif
-      portable_step(c, rw);
+      run_step(kind, c, rw, sc.kt.data());
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = it.i0 + r / group, h = it.kvh * group + r % group;

@@ -32,23 +32,23 @@
 namespace dspine {
 namespace cpu {
 namespace attn {
+namespace avx512 {  // the kernels of one instruction set; the tag-overloads found by ADL
 
-constexpr int kScoreRows = 8;   // 16 accumulators (8 rows x 2 key vectors)
-constexpr int kOutputRows = 4;  // 16 accumulators (4 rows x 64 dims)
+// The kernel set simd_step (attention_step.h) runs: a tag its functions are overloaded on.
+struct Avx512 {
+  static constexpr int kScoreRows = 8;   // 16 accumulators (8 rows x 2 key vectors)
+  static constexpr int kOutputRows = 4;  // 16 accumulators (4 rows x 64 dims)
+};
 
-// e^x for x <= 0 (a score minus the running max), within ~2 ulp: x = n ln2 + r with |r| <= ln2/2
-// (ln2 split in two so n ln2 is exact enough), e^r by its Taylor series to r^7 (error < 1e-8),
-// times 2^n. Below -87 the result is clamped to e^-87, which the caller masks or which is far
-// below any sum it is added to. Lane-wise: a lane's result does not depend on the others.
+// e^x lane by lane (attention_step.h: kExpTaylor).
 DSPINE_AVX512_FN inline __m512 exp_avx512(__m512 x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // this order keeps a NaN (max returns operand 2)
-  const __m512 n =
-      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040.f);
-  for (float c : {1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f})
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  x = _mm512_max_ps(_mm512_set1_ps(kExpFloor), x);  // this order keeps a NaN (max returns operand 2)
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpTaylor[0]);
+  for (int i = 1; i < 8; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpTaylor[i]));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -83,7 +83,7 @@ DSPINE_AVX512_FN inline void transpose16(const float* const* k, int64_t x0, floa
 // kt[x * kKeyChunk + j] = key j's element x, for the loaded lanes (the others are never read
 // unmasked): each half of the chunk loaded whole is transposed in registers, the rest element by
 // element. Moves only: no rounding, whichever way a lane is transposed.
-DSPINE_AVX512_FN inline void transpose_keys(const KeyChunk& c, int64_t d, float* kt) {
+DSPINE_AVX512_FN inline void transpose_keys(Avx512, const KeyChunk& c, int64_t d, float* kt) {
   for (int h = 0; h < kKeyChunk; h += 16) {
     if (c.j0 <= h && c.j1 >= h + 16) {
       for (int64_t x0 = 0; x0 < d; x0 += 16) transpose16(c.k + h, x0, kt + x0 * kKeyChunk + h);
@@ -115,7 +115,7 @@ DSPINE_AVX512_FN void score_rows(const float* q, int64_t d, const float* kt, flo
   }
 }
 
-DSPINE_AVX512_FN inline void score_tile(int rows, const float* q, int64_t d, const float* kt, float* s) {
+DSPINE_AVX512_FN inline void score_tile(Avx512, int rows, const float* q, int64_t d, const float* kt, float* s) {
   switch (rows) {
     case 1: return score_rows<1>(q, d, kt, s);
     case 2: return score_rows<2>(q, d, kt, s);
@@ -130,7 +130,7 @@ DSPINE_AVX512_FN inline void score_tile(int rows, const float* q, int64_t d, con
 
 // Scores of the visible lanes -> probabilities (0 elsewhere); updates the row's max and sum and
 // returns the factor its output must be rescaled by.
-DSPINE_AVX512_FN inline float softmax_row(float* s, uint32_t vis, float* m, float* l) {
+DSPINE_AVX512_FN inline float softmax_row(Avx512, float* s, uint32_t vis, float* m, float* l) {
   if (vis == 0) return 1.f;
   const __mmask16 lo = static_cast<__mmask16>(vis), hi = static_cast<__mmask16>(vis >> 16);
   const __m512 ninf = _mm512_set1_ps(kNegInf);
@@ -201,36 +201,16 @@ DSPINE_AVX512_FN inline void accumulate_dims(int rows, float* acc, int64_t d, co
   for (; x0 < d; x0 += 16) accumulate_tile<1, Full>(rows, acc, d, x0, corr, p, mask, v, j0, j1);
 }
 
-// The step; kt is scratch for the transposed keys (head_dim x kKeyChunk floats).
-DSPINE_AVX512_FN inline void avx512_step(const KeyChunk& c, const Rows& rw, float* kt) {
-  const int64_t d = rw.d;
-  transpose_keys(c, d, kt);
-  for (int64_t r0 = 0; r0 < rw.n; r0 += kScoreRows)
-    score_tile(static_cast<int>(std::min<int64_t>(kScoreRows, rw.n - r0)), rw.q + r0 * d, d, kt,
-               rw.s + r0 * kKeyChunk);
-  for (int64_t i = 0; i < rw.n; ++i)
-    rw.corr[i] = softmax_row(rw.s + i * kKeyChunk, rw.mask[i], rw.m + i, rw.l + i);
-  for (int64_t r0 = 0; r0 < rw.n; r0 += kOutputRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kOutputRows, rw.n - r0));
-    uint32_t any = 0;
-    bool full = true;  // every row sees the same lanes: a row's visible lanes are contiguous,
-                       // so then each sees all of [j0, j1) and nothing needs masking
-    for (int r = 0; r < rows; ++r) {
-      any |= rw.mask[r0 + r];
-      full = full && rw.mask[r0 + r] == rw.mask[r0];
-    }
-    if (any == 0) continue;  // no row of the tile sees this chunk: nothing changes
-    const int j0 = __builtin_ctz(any), j1 = 32 - __builtin_clz(any);
-    float* acc = rw.acc + r0 * d;
-    const float *corr = rw.corr + r0, *p = rw.s + r0 * kKeyChunk;
-    const uint32_t* mask = rw.mask + r0;
-    if (full)
-      accumulate_dims<true>(rows, acc, d, corr, p, mask, c.v, j0, j1);
-    else
-      accumulate_dims<false>(rows, acc, d, corr, p, mask, c.v, j0, j1);
-  }
+DSPINE_AVX512_FN inline void accumulate(Avx512, bool full, int rows, float* acc, int64_t d, const float* corr,
+                                        const float* p, const uint32_t* mask, const float* const* v, int j0,
+                                        int j1) {
+  if (full)
+    accumulate_dims<true>(rows, acc, d, corr, p, mask, v, j0, j1);
+  else
+    accumulate_dims<false>(rows, acc, d, corr, p, mask, v, j0, j1);
 }
 
+}  // namespace avx512
 }  // namespace attn
 }  // namespace cpu
 }  // namespace dspine

@@ -1,6 +1,7 @@
 // One online-softmax step of the CPU paged attention (attention.h): the rows of a work item
 // against one chunk of keys. This file holds what every version of the step shares (the chunk and
-// row layout) and the portable step; attention_avx512.h holds the AVX-512 one.
+// row layout), the portable step, and the SIMD step over a kernel set (attention_avx512.h,
+// attention_avx2.h).
 //
 // What a step computes for a row must depend only on the row, the chunk and the keys the row sees
 // in it, never on the other rows of the call: a verify block's row must equal the same row decoded
@@ -24,6 +25,13 @@ namespace attn {
 constexpr int64_t kKeyChunk = 32;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// The SIMD steps' e^x for x <= 0 (a score minus the running max), within ~2 ulp: x = n ln2 + r
+// with |r| <= ln2/2 (ln2 in two parts so that n ln2 is nearly exact), e^r by its Taylor series
+// to r^7 (coefficients highest first; error < 1e-8), times 2^n. x is clamped at kExpFloor (e^-87
+// is far below any sum it joins, and the unseen lanes are masked anyway).
+constexpr float kExpFloor = -87.f, kLog2e = 1.44269504f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpTaylor[8] = {1.f / 5040.f, 1.f / 720.f, 1.f / 120.f, 1.f / 24.f, 1.f / 6.f, 0.5f, 1.f, 1.f};
 
 // One chunk of keys: fp32 rows of its keys k0 + [j0, j1) (the lanes the item's rows can see).
 struct KeyChunk {
@@ -87,6 +95,35 @@ inline void portable_step(const KeyChunk& c, const Rows& rw) {
     }
     rw.l[i] = lsum;
     rw.m[i] = m_new;
+  }
+}
+
+// The step for a SIMD kernel set K (attention_avx512.h, attention_avx2.h: each lane of a score
+// one key, of an output one dim of head_dim): keys transposed once, scores of K::kScoreRows rows
+// at a time, the softmax row by row, outputs K::kOutputRows rows at a time. kt is scratch for the
+// transposed keys (head_dim x kKeyChunk floats).
+template <class K>
+void simd_step(const KeyChunk& c, const Rows& rw, float* kt) {
+  const int64_t d = rw.d;
+  transpose_keys(K{}, c, d, kt);
+  for (int64_t r0 = 0; r0 < rw.n; r0 += K::kScoreRows)
+    score_tile(K{}, static_cast<int>(std::min<int64_t>(K::kScoreRows, rw.n - r0)), rw.q + r0 * d, d, kt,
+               rw.s + r0 * kKeyChunk);
+  for (int64_t i = 0; i < rw.n; ++i)
+    rw.corr[i] = softmax_row(K{}, rw.s + i * kKeyChunk, rw.mask[i], rw.m + i, rw.l + i);
+  for (int64_t r0 = 0; r0 < rw.n; r0 += K::kOutputRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(K::kOutputRows, rw.n - r0));
+    uint32_t any = 0;
+    bool full = true;  // every row sees the same lanes: a row's visible lanes are contiguous,
+                       // so then each sees all of [j0, j1) and nothing needs masking
+    for (int r = 0; r < rows; ++r) {
+      any |= rw.mask[r0 + r];
+      full = full && rw.mask[r0 + r] == rw.mask[r0];
+    }
+    if (any == 0) continue;  // no row of the tile sees this chunk: nothing changes
+    const int j0 = __builtin_ctz(any), j1 = 32 - __builtin_clz(any);
+    accumulate(K{}, full, rows, rw.acc + r0 * d, d, rw.corr + r0, rw.s + r0 * kKeyChunk, rw.mask + r0, c.v,
+               j0, j1);
   }
 }
 
