@@ -5,8 +5,8 @@ attention shape (9 query heads, 3 KV heads, head_dim 64): decode at batch 1 and 
 holding exactly the keys the queries see (its natural input); ours reads a paged cache (page
 size 16, shuffled pages).
 
-Ours and SDPA are called alternately, --reps times each after warm-up (so a burst of load on a
-shared machine hits both), and each reports its median; writes
+Ours and SDPA are timed in alternating blocks, --reps calls each in all (so a burst of load on
+a shared machine hits both), and each reports its median; writes
 benchmarks/results/cpu_attention.json (or --out DIR) and prints a markdown table. Run it twice,
 alternating, to compare two builds (PYTHONPATH pointing at each).
 
@@ -52,17 +52,20 @@ def causal_mask(q_len: int, kv_len: int) -> torch.Tensor:
     return torch.arange(kv_len)[None, :] <= pos
 
 
-def paired_medians(fns, reps: int, warmup: int = 3) -> list[float]:
-    """Median seconds of each of ``fns``, called in turn ``reps`` times after ``warmup`` rounds."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
+def paired_medians(fns, reps: int, warmup: int = 3, rounds: int = 3) -> list[float]:
+    """Median seconds of each of ``fns`` over ``reps`` timed calls, taken in ``rounds`` blocks
+    that alternate between the functions (so a burst of load on a shared machine hits both),
+    each block after ``warmup`` calls. Blocks, not single calls in turn: after an OpenMP region
+    (SDPA's) its threads spin for a while, taking the cores from the next call's threads."""
     runs = [[] for _ in fns]
-    for _ in range(reps):
+    for block in range(rounds):
         for fn, times in zip(fns, runs):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+            for _ in range(warmup):
+                fn()
+            for _ in range(max(1, reps // rounds)):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
     return [statistics.median(t) for t in runs]
 
 
