@@ -58,6 +58,27 @@ inline uint32_t lane_mask(int64_t lo, int64_t hi, int64_t k0) {
   return static_cast<uint32_t>(((uint64_t{1} << (b - a + 1)) - 1) << a);
 }
 
+// The first and one past the last lane set in a nonzero mask.
+inline int first_lane(uint32_t mask) {
+#if defined(__GNUC__) || defined(__clang__)
+  return __builtin_ctz(mask);
+#else
+  int j = 0;
+  while (!(mask >> j & 1u)) ++j;
+  return j;
+#endif
+}
+
+inline int end_lane(uint32_t mask) {
+#if defined(__GNUC__) || defined(__clang__)
+  return 32 - __builtin_clz(mask);
+#else
+  int j = 32;
+  while (!(mask >> (j - 1) & 1u)) --j;
+  return j;
+#endif
+}
+
 // The step in plain C++: per row and key a dot product over head_dim (vectorised by the
 // compiler, the same reduction for every row), then the softmax update.
 inline void portable_step(const KeyChunk& c, const Rows& rw) {
@@ -121,7 +142,7 @@ void simd_step(const KeyChunk& c, const Rows& rw, float* kt) {
       full = full && rw.mask[r0 + r] == rw.mask[r0];
     }
     if (any == 0) continue;  // no row of the tile sees this chunk: nothing changes
-    const int j0 = __builtin_ctz(any), j1 = 32 - __builtin_clz(any);
+    const int j0 = first_lane(any), j1 = end_lane(any);
     accumulate(K{}, full, rows, rw.acc + r0 * d, d, rw.corr + r0, rw.s + r0 * kKeyChunk, rw.mask + r0, c.v,
                j0, j1);
   }

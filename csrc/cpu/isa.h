@@ -21,7 +21,7 @@ enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2 };
 // kernel could meet an instruction the CPU lacks. __builtin_cpu_supports also checks that the
 // OS saves the wider registers.
 inline Isa detect_isa() {
-#if defined(__GNUC__) || defined(__clang__)
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                     __builtin_cpu_supports("f16c");
