@@ -1,4 +1,4 @@
-// The AVX-512 step of the CPU paged attention (attention_step.h says what a step computes).
+// The AVX-512 kernel set of the CPU paged attention's SIMD step (attention_step.h: simd_step).
 //
 // Scores: a tile of up to 8 query rows against the 32 keys of a chunk, each SIMD lane one key
 // (the chunk's keys transposed once per step, reused by every row), so each score is one chain of

@@ -5,7 +5,7 @@
 //
 // What a step computes for a row must depend only on the row, the chunk and the keys the row sees
 // in it, never on the other rows of the call: a verify block's row must equal the same row decoded
-// alone, bit for bit (lossless speculation). Both steps keep that by computing every row with the
+// alone, bit for bit (lossless speculation). Every step keeps that by computing every row with the
 // same code and the same operation order, and by never touching a row with a key it does not see
 // (not even a zero-weight multiply-add, which would turn -0 into +0 or an inf value into NaN).
 #pragma once
