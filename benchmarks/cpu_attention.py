@@ -1,19 +1,23 @@
 #!/usr/bin/env python
 """CPU paged attention (ours) vs torch SDPA, side by side in one process, on SmolLM2-135M's
 attention shape (9 query heads, 3 KV heads, head_dim 64): decode at batch 1 and 20, and a
-16-token causal verify at batch 1 and 20. SDPA gets contiguous K/V holding exactly the keys the
-queries see (its natural input); ours reads a paged cache (page size 16, shuffled pages).
+16-token causal verify at batch 1, 4, 8 and 20, at one or more contexts. SDPA gets contiguous K/V
+holding exactly the keys the queries see (its natural input); ours reads a paged cache (page
+size 16, shuffled pages).
 
-Medians of --reps timed calls after warm-up; writes benchmarks/results/cpu_attention.json (or
---out DIR) and prints a markdown table. Run it twice, alternating, to compare two builds
-(PYTHONPATH pointing at each).
+Ours and SDPA are timed in alternating blocks, --reps calls each in all (so a burst of load on
+a shared machine hits both), and each reports its median; writes
+benchmarks/results/cpu_attention.json (or --out DIR) and prints a markdown table. Run it twice,
+alternating, to compare two builds (PYTHONPATH pointing at each).
 
-    python benchmarks/cpu_attention.py [--threads 2] [--context 300] [--reps 30] [--out DIR]
+    python benchmarks/cpu_attention.py [--threads 2] [--context 300 [1024 ...]] [--reps 30] [--out DIR]
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -21,11 +25,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from common import markdown_table, median_seconds, run_info, save_json  # noqa: E402
+from common import markdown_table, run_info, save_json  # noqa: E402
 from kernel_cases import attention_case  # noqa: E402
 
 HQ, HKV, D, PAGE = 9, 3, 64, 16
-CASES = [("decode", 1, 1), ("decode", 20, 1), ("verify 16", 1, 16), ("verify 16", 20, 16)]
+CASES = [("decode", 1, 1), ("decode", 20, 1), ("verify 16", 1, 16), ("verify 16", 4, 16),
+         ("verify 16", 8, 16), ("verify 16", 20, 16)]
 
 
 def sdpa_inputs(q, kc, vc, tables, q_len: int, kv_len: int, batch: int):
@@ -47,6 +52,23 @@ def causal_mask(q_len: int, kv_len: int) -> torch.Tensor:
     return torch.arange(kv_len)[None, :] <= pos
 
 
+def paired_medians(fns, reps: int, warmup: int = 3, rounds: int = 3) -> list[float]:
+    """Median seconds of each of ``fns`` over ``reps`` timed calls, taken in ``rounds`` blocks
+    that alternate between the functions (so a burst of load on a shared machine hits both),
+    each block after ``warmup`` calls. Blocks, not single calls in turn: after an OpenMP region
+    (SDPA's) its threads spin for a while, taking the cores from the next call's threads."""
+    runs = [[] for _ in fns]
+    for block in range(rounds):
+        for fn, times in zip(fns, runs):
+            for _ in range(warmup):
+                fn()
+            for _ in range(max(1, reps // rounds)):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in runs]
+
+
 def run_case(mode: str, batch: int, q_len: int, context: int, reps: int) -> dict:
     from dspine_engine import ops
 
@@ -54,14 +76,16 @@ def run_case(mode: str, batch: int, q_len: int, context: int, reps: int) -> dict
     q, kc, vc, bt, kl, cu, mq = attention_case([q_len] * batch, [kv_len] * batch, HQ, HKV, D,
                                                PAGE, torch.float32, "cpu", seed=batch + q_len)
     scale = D ** -0.5
-    ours = median_seconds(
-        lambda: ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, scale), reps, warmup=3)
     per_seq, mask = sdpa_inputs(q, kc, vc, bt, q_len, kv_len, batch), causal_mask(q_len, kv_len)
+
+    def run_ours():
+        return ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, scale)
+
     def run_sdpa():
         return [F.scaled_dot_product_attention(a, k, v, attn_mask=mask, scale=scale)
                 for a, k, v in per_seq]
 
-    sdpa = median_seconds(run_sdpa, reps, warmup=3)
+    ours, sdpa = paired_medians([run_ours, run_sdpa], reps)
     # The same answer, or the timings compare different work.
     want = torch.cat([o[0].transpose(0, 1) for o in run_sdpa()])
     got = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, scale)
@@ -74,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    ap.add_argument("--context", type=int, default=300, help="keys before the queries")
+    ap.add_argument("--context", type=int, nargs="+", default=[300],
+                    help="keys before the queries (one or more)")
     ap.add_argument("--reps", type=int, default=30, help="timed calls per case (median)")
     ap.add_argument("--out", default=None, help="results directory (benchmarks/results)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = [run_case(m, b, n, args.context, args.reps) for m, b, n in CASES]
+    rows = [run_case(m, b, n, c, args.reps) for c in args.context for m, b, n in CASES]
     print(markdown_table(["mode", "batch", "context", "ours (us)", "SDPA (us)", "SDPA / ours"],
                          [[r["mode"], r["batch"], r["context"], f"{r['ours_us']:.0f}",
                            f"{r['sdpa_us']:.0f}", f"{r['ours_vs_sdpa']:.2f}x"] for r in rows]))

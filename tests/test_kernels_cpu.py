@@ -104,9 +104,16 @@ ATTN_SHAPES = [
 ]
 
 
+# The attention's SIMD step on its AVX-512 and its AVX2 kernels, and its portable step
+# ("scalar"); a level the CPU lacks runs the best one it has.
+ATTN_ISAS = ["avx512", "avx2", "scalar"]
+
+
+@pytest.mark.parametrize("isa", ATTN_ISAS)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("case", range(len(ATTN_SHAPES)))
-def test_paged_attention(case, dtype, tol):
+def test_paged_attention(case, dtype, tol, isa, monkeypatch):
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
     q_lens, kv_lens, hq, hkv, d, ps, causal, window = ATTN_SHAPES[case]
     q, kc, vc, bt, kl, cu, mq = attention_case(q_lens, kv_lens, hq, hkv, d, ps, dtype, DEV,
                                                seed=100 + case)
@@ -118,20 +125,51 @@ def test_paged_attention(case, dtype, tol):
     assert rel_err(out, ref) < tol
 
 
+@pytest.mark.parametrize("isa", ATTN_ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,context", [(16, 70), (5, 33), (16, 1)])
-def test_block_rows_equal_decoding_them_one_by_one(dtype, n, context):
+@pytest.mark.parametrize("n,context,window", [(16, 70, 0), (5, 33, 0), (16, 1, 0), (16, 90, 20),
+                                              (16, 200, 37), (7, 40, 5), (16, 300, 64)])
+def test_block_rows_equal_decoding_them_one_by_one(dtype, n, context, window, isa, monkeypatch):
     """Greedy speculative == autoregressive on the CPU rests on this: query i of a causal block
-    (the target's verify) gets bit for bit what decoding it alone with the keys up to it gets."""
+    (the target's verify) gets bit for bit what decoding it alone with the keys up to it gets.
+    With a sliding window the block sees keys its first row's window starts at, a row alone only
+    its own: the softmax's chunks must not move with that (they start at absolute positions)."""
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
     q, kc, vc, bt, kl, cu, mq = attention_case([n], [context + n], 9, 3, 64, 16, dtype, DEV,
-                                               seed=7 + n)
-    block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125)
+                                               seed=7 + n + window)
+    if window > 0:
+        bt = free_pages_outside_window(bt, [context + n], [n], 16, window)
+    block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, window, 0.125)
     one = torch.tensor([0, 1], dtype=torch.int32)
     for i in range(n):
         alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt,
                                     torch.tensor([context + i + 1], dtype=torch.int32), one, 1,
-                                    True, 0, 0.125)
+                                    True, window, 0.125)
         assert torch.equal(alone[0], block[i]), f"query {i} of {n}"
+
+
+@pytest.mark.parametrize("isa", ATTN_ISAS)
+def test_rows_do_not_depend_on_the_batch_or_the_threads(isa, monkeypatch):
+    """A sequence's rows computed in a batch with others equal the sequence computed alone, on 1
+    thread or 2 (alone on 2 threads a 16-query block is split into smaller query tiles)."""
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
+    q_lens, kv_lens = [16, 1, 5, 16], [16 + 300, 200, 5, 16 + 40]
+    q, kc, vc, bt, kl, cu, mq = attention_case(q_lens, kv_lens, 9, 3, 64, 16, torch.float32, DEV,
+                                               seed=3)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125)
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for b, n in enumerate(q_lens):
+                rows = slice(int(cu[b]), int(cu[b + 1]))
+                alone = ops.paged_attention(q[rows].clone(), kc, vc, bt[b:b + 1].clone(),
+                                            kl[b:b + 1].clone(), torch.tensor([0, n], dtype=torch.int32),
+                                            n, True, 0, 0.125)
+                assert torch.equal(alone, together[rows]), f"sequence {b}, {t} threads"
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_paged_attention_rejects_bad_metadata():

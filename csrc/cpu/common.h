@@ -29,6 +29,15 @@ inline T from_f(float x) { return static_cast<T>(x); }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// The threads a parallel loop may use: torch.set_num_threads under OpenMP, else one.
+inline int max_threads() {
+#if defined(_OPENMP)
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
 // A "parallel for" over [0, n), items claimed one at a time. Built with OpenMP on x86 it runs
 // on the chunk pool (chunk_pool.h: the caller never waits at a barrier for a helper that has
 // lost its core, which an OpenMP region does: measured, a 3-row top-k of the draft walk took
@@ -39,7 +48,7 @@ inline void parallel_for(int64_t n, F&& fn) {
 #if defined(DSPINE_PARALLEL_ON_CHUNK_POOL)
   using Fn = std::remove_reference_t<F>;
   const ChunkPool::Body body = [](void* ctx, int64_t i) { (*static_cast<Fn*>(ctx))(i); };
-  ChunkPool::instance().run(n, omp_get_max_threads(), body,
+  ChunkPool::instance().run(n, max_threads(), body,
                             const_cast<void*>(static_cast<const void*>(&fn)));
 #elif defined(_OPENMP)
 #pragma omp parallel for schedule(dynamic, 1) if (n > 1)

@@ -349,56 +349,6 @@ void run_tiles(Isa isa, Format f, const uint8_t* w, int64_t g0, int64_t g1, cons
   }
 }
 
-// Every feature named in a kernel's target attribute must be present (the AVX-512 kernels are
-// compiled with AVX2/FMA/F16C too, and the AVX2 kernels convert fp16 scales with F16C), or the
-// kernel could meet an instruction the CPU lacks. __builtin_cpu_supports also checks that the
-// OS saves the wider registers.
-Isa detect_isa() {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-  if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni"))
-    return Isa::kAvx512Vnni;
-  if (avx2) return Isa::kAvx2;
-#endif
-  return Isa::kScalar;
-}
-
-}  // namespace
-
-Isa best_isa() {
-  static const Isa best = detect_isa();
-  return best;
-}
-
-const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::kAvx512Vnni: return "avx512";
-    case Isa::kAvx2: return "avx2";
-    default: return "scalar";
-  }
-}
-
-bool isa_from_name(const char* name, Isa* isa) {
-  for (Isa candidate : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512Vnni})
-    if (std::strcmp(name, isa_name(candidate)) == 0) {
-      *isa = candidate;
-      return true;
-    }
-  return false;
-}
-
-Isa active_isa() {
-  const char* env = std::getenv("DSPINE_CPU_ISA");
-  Isa asked;
-  if (env == nullptr || !*env || !isa_from_name(env, &asked)) return best_isa();
-  return std::min(asked, best_isa());
-}
-
-namespace {
-
 struct MatmulJob {
   Isa isa;
   Format f;

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "isa.h"
+
 namespace dspine {
 namespace cpu {
 namespace quant {
@@ -30,13 +32,12 @@ constexpr int64_t kBlock = 32;     // GGUF block length along k
 
 constexpr int64_t tile_block_bytes(Format f) { return f == kQ4_1 ? 320 : 544; }
 
-// Instruction sets with a kernel, in increasing order. The best one the CPU supports runs,
-// unless DSPINE_CPU_ISA (scalar, avx2, avx512) asks for a lower one (read at every call).
-enum class Isa : int { kScalar = 0, kAvx2 = 1, kAvx512Vnni = 2 };
-Isa best_isa();
-Isa active_isa();
-const char* isa_name(Isa isa);
-bool isa_from_name(const char* name, Isa* isa);  // "scalar", "avx2", "avx512"
+// Instruction sets with a kernel: isa.h (shared with the other SIMD kernels).
+using cpu::Isa;
+using cpu::active_isa;
+using cpu::best_isa;
+using cpu::isa_from_name;
+using cpu::isa_name;
 
 // y[m, n] = x[m, k] @ W^T for fp32 x (row-major, k a multiple of 32) and packed W.
 void quant_matmul(const float* x, int64_t m, int64_t k, const uint8_t* w, Format f, int64_t n,
