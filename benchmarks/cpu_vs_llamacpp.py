@@ -14,7 +14,11 @@ Configurations (--configs, comma-separated):
   fp32         ours, autoregressive, dequantised fp32 weights (dtype="float32")
 
     python benchmarks/cpu_vs_llamacpp.py [--configs llamacpp,gguf,gguf-spec,fp32]
-        [--prompts 4] [--repeats 3] [--new-tokens 128] [--threads 2] [--install]
+        [--prompts 4] [--repeats 3] [--new-tokens 128] [--threads 2] [--context 0] [--install]
+
+--context T puts a document before each question so that every prompt holds T tokens (the
+other MT-Bench questions, repeated: decoding then reads a long KV cache, where attention
+weighs); its results go to cpu_vs_llamacpp_ctxT.json and their own table.
 
 Writes benchmarks/results/cpu_vs_llamacpp.json and the "cpu-vs-llamacpp" table of
 docs/BENCHMARKS.md (--no-doc to skip). Decode tok/s counts the tokens after the first over the
@@ -158,6 +162,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs of every (config, prompt)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=0,
+                    help="tokens of every prompt, a document before the question (0: the "
+                         "question alone)")
     ap.add_argument("--install", action="store_true", help="pip install llama-cpp-python")
     ap.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -180,8 +187,9 @@ def main() -> None:
 
     gguf = str(default_gguf_path())
     tokenizer = Tokenizer(default_model_dir())
-    chats = [[{"role": "user", "content": p}] for p in mtbench_prompts()[:args.prompts + 1]]
-    ids = [tokenizer.encode_chat(c) for c in chats]
+    questions = mtbench_prompts()
+    ids = [_prompt_ids(tokenizer, q, questions, args.context)
+           for q in questions[:args.prompts + 1]]
     warmup, ids = ids[-1], ids[:-1]
     n_ctx = max(len(x) for x in ids) + args.new_tokens + 64
     rows = []
@@ -209,11 +217,28 @@ def main() -> None:
         payload["greedy_agreement_gguf_vs_llamacpp"] = _agreement(rows, "gguf", "llamacpp")
     if "gguf" in configs and "gguf-spec" in configs:
         payload["greedy_agreement_spec_vs_ar"] = _agreement(rows, "gguf-spec", "gguf")
-    save_json("cpu_vs_llamacpp", payload)
+    payload["context_tokens"] = args.context
+    suffix = f"_ctx{args.context}" if args.context else ""
+    save_json("cpu_vs_llamacpp" + suffix, payload)
     body = _table(payload, configs)
     print(body)
     if not args.no_doc:
-        update_doc_section("cpu-vs-llamacpp", body, info)
+        update_doc_section("cpu-vs-llamacpp" + suffix.replace("_", "-"), body, info)
+
+
+def _prompt_ids(tokenizer, question: str, others: list[str], context: int) -> list[int]:
+    """The chat prompt of ``question``; with ``context`` > 0, after a document of the other
+    questions (repeated, cut at a token) sized so the whole prompt holds ``context`` tokens."""
+    plain = tokenizer.encode_chat([{"role": "user", "content": question}])
+    if context <= len(plain):
+        return plain
+    text = "\n\n".join(q for q in others if q != question)
+    filler = tokenizer.encode(text, add_special_tokens=False)
+    need = context - len(plain) - 8  # the joining words below
+    filler = (filler * (need // len(filler) + 1))[:need]
+    document = tokenizer.decode(filler)
+    content = f"Document:\n{document}\n\nQuestion: {question}"
+    return tokenizer.encode_chat([{"role": "user", "content": content}])
 
 
 def _table(payload: dict, configs: list[str]) -> str:
@@ -234,7 +259,10 @@ def _table(payload: dict, configs: list[str]) -> str:
     table = markdown_table(["configuration", "decode tok/s", "end-to-end tok/s",
                             "prefill tok/s", "peak RSS MB", "tau", "decode vs first"], rows)
     notes = [f"SmolLM2-135M-Instruct, its own Q4_1 GGUF ({Path(payload['gguf']).name}), greedy, "
-             f"{payload['prompts']} MT-Bench chat prompts x {payload['new_tokens']} new tokens "
+             f"{payload['prompts']} MT-Bench chat prompts"
+             + (f" of {payload['context_tokens']} tokens (a document of the other questions "
+                "before each)" if payload.get("context_tokens") else "")
+             + f" x {payload['new_tokens']} new tokens "
              f"(EOS ignored), {payload['info']['threads']} threads, concurrency 1, one process "
              f"per answer, configurations alternating, {payload['repeats']} repeats: medians "
              "(min-max) over prompts x repeats. \"decode vs first\" is relative to the first "
