@@ -49,8 +49,8 @@ def git_commit() -> str:
     return (commit or "unknown") + ("+dirty" if dirty else "")
 
 
-def median_seconds(fn, reps: int, warmup: int = 1) -> float:
-    """The median wall time of ``reps`` calls of ``fn`` (host-timed) after ``warmup`` calls."""
+def timed_calls(fn, reps: int, warmup: int = 1) -> list[float]:
+    """Wall times of ``reps`` calls of ``fn`` (host-timed) after ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
     runs = []
@@ -58,7 +58,24 @@ def median_seconds(fn, reps: int, warmup: int = 1) -> float:
         t0 = time.perf_counter()
         fn()
         runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+    return runs
+
+
+def median_seconds(fn, reps: int, warmup: int = 1) -> float:
+    """The median wall time of ``reps`` calls of ``fn`` after ``warmup`` calls."""
+    return statistics.median(timed_calls(fn, reps, warmup))
+
+
+def paired_medians(fns, reps: int, warmup: int = 3, rounds: int = 3) -> list[float]:
+    """Median seconds of each of ``fns`` over ``reps`` timed calls, taken in ``rounds`` blocks
+    that alternate between the functions (so a burst of load on a shared machine hits both),
+    each block after ``warmup`` calls. Blocks, not single calls in turn: after an OpenMP region
+    (torch's) its threads spin for a while, taking the cores from the next call's threads."""
+    runs = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, times in zip(fns, runs):
+            times.extend(timed_calls(fn, max(1, reps // rounds), warmup))
+    return [statistics.median(t) for t in runs]
 
 
 def run_info(device: str) -> dict:

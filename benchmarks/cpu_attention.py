@@ -15,9 +15,7 @@ alternating, to compare two builds (PYTHONPATH pointing at each).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from common import markdown_table, run_info, save_json  # noqa: E402
+from common import markdown_table, paired_medians, run_info, save_json  # noqa: E402
 from kernel_cases import attention_case  # noqa: E402
 
 HQ, HKV, D, PAGE = 9, 3, 64, 16
@@ -50,23 +48,6 @@ def sdpa_inputs(q, kc, vc, tables, q_len: int, kv_len: int, batch: int):
 def causal_mask(q_len: int, kv_len: int) -> torch.Tensor:
     pos = torch.arange(kv_len - q_len, kv_len)[:, None]
     return torch.arange(kv_len)[None, :] <= pos
-
-
-def paired_medians(fns, reps: int, warmup: int = 3, rounds: int = 3) -> list[float]:
-    """Median seconds of each of ``fns`` over ``reps`` timed calls, taken in ``rounds`` blocks
-    that alternate between the functions (so a burst of load on a shared machine hits both),
-    each block after ``warmup`` calls. Blocks, not single calls in turn: after an OpenMP region
-    (SDPA's) its threads spin for a while, taking the cores from the next call's threads."""
-    runs = [[] for _ in fns]
-    for block in range(rounds):
-        for fn, times in zip(fns, runs):
-            for _ in range(warmup):
-                fn()
-            for _ in range(max(1, reps // rounds)):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-    return [statistics.median(t) for t in runs]
 
 
 def run_case(mode: str, batch: int, q_len: int, context: int, reps: int) -> dict:
