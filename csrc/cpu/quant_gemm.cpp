@@ -15,6 +15,7 @@
 #include "quant_gemm.h"
 
 #include "chunk_pool.h"
+#include "common.h"
 
 #include <immintrin.h>
 
@@ -23,10 +24,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
 
 namespace dspine {
 namespace cpu {
@@ -370,11 +367,7 @@ void quant_matmul(const float* x, int64_t m, int64_t k, const uint8_t* w, Format
   if (m == 0 || n == 0) return;
   const QuantActs acts = quantize_acts(x, m, k);
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-#if defined(_OPENMP)
-  const int threads = omp_get_max_threads();  // follows torch.set_num_threads
-#else
-  const int threads = 1;
-#endif
+  const int threads = max_threads();  // follows torch.set_num_threads
   // Threads split the outputs, never k, so an output's reduction order does not depend on them.
   // About 8 chunks a thread, claimed dynamically (chunk_pool.h says why not OpenMP).
   const int64_t chunk = std::max<int64_t>(1, tiles / (8 * threads));
