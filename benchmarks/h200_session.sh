@@ -17,6 +17,8 @@
 #               sized to FIT_MIN minutes, checkpoints chosen on the held-out set.   ~FIT_MIN+1
 #               TWIN=soft0 instead: the DSpine at SOFT, then the same DSpine at alpha 0 for
 #               the same steps (the soft labels' ablation; FIT_MIN shared).         ~FIT_MIN+2
+#               TWIN=none: the DSpine alone (no ablation; about 1.6x the steps).    ~FIT_MIN+1
+#               A call may run 10 minutes: keep FIT_MIN <= 8 (<= 3.5 with TWIN=soft0).
 #   gputest     (instead of data/fit/measure) every GPU test, the quantised CPU tests on the
 #               host's CPU (AVX-512), the serve load benchmark; TEST_K narrows the GPU tests
 #               (pytest -k).                                                         ~7 min
@@ -49,7 +51,8 @@ SAMPLED=${SAMPLED:-0.2}  # share of the answers sampled at T=1 (the rest greedy)
 SOFT=${SOFT:-0}  # fit: alpha of the soft label (`dspine-train fit --soft-targets`)
 TWIN=${TWIN:-dflash}  # fit: the twin; dflash (same batches, one process) or soft0 (the same
                       # DSpine at alpha 0, trained after the first for its step count: the
-                      # soft labels' ablation; FIT_MIN is then split between the two)
+                      # soft labels' ablation; FIT_MIN is then split between the two), or
+                      # none (the DSpine alone, for the whole FIT_MIN)
 MIX=${MIX:-}  # prompt family shares for `dspine-train prompts --mix`, e.g. code=0.36,multiturn=0.16
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
 t0=$(date +%s)
@@ -212,6 +215,8 @@ if [ "$MODE" = fit ]; then
   if [ "$TWIN" = dflash ]; then  # both in one process: the same batches, the budget shared
     fit $R/dspine $R/logs/fit.log --ablation-out $R/dflash --steps auto --max-minutes $FIT_MIN \
       --soft-targets $SOFT
+  elif [ "$TWIN" = none ]; then  # the DSpine alone: the whole budget goes to the shipped line
+    fit $R/dspine $R/logs/fit.log --steps auto --max-minutes $FIT_MIN --soft-targets $SOFT
   else  # soft0: the same DSpine at alpha 0 after it, for as many steps as the first one sized
     fit $R/dspine $R/logs/fit.log --steps auto --max-minutes $(python3 -c "print($FIT_MIN / 2)") \
       --soft-targets $SOFT
@@ -224,7 +229,7 @@ fi
 
 if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR ..." adds drafters
   sync_tree; cd $W                # to the acceptance table (e.g. the shipped one, side by side)
-  MEASURE=${MEASURE:-eval e2e steps speed}
+  MEASURE=${MEASURE:-eval e2e steps speed}  # and "tests": the engine's GPU tests on a free GPU
   also=""; for d in ${EVAL_ALSO:-}; do also="$also --draft $d"; done
   case " $MEASURE " in *" eval "*)
   for d in dflash dspine_a0; do [ -f $R/$d/config.json ] && also="--draft $d=$R/$d $also"; done
@@ -241,6 +246,11 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
     --draft dspine=$R/dspine --spec-policy fixed auto --reprofile --stop-at-eos --concurrency 64 32 8 1 \
     --out $R --name e2e_h200 --quiet > $R/logs/e2e.log 2>&1
   say "e2e rc $?"; pack;; esac
+  case " $MEASURE " in *" tests "*)  # the engine's GPU tests alone on the GPU (no generators beside)
+  timeout 200 python3 -m pytest -q -m gpu -n 4 tests/test_engine_gpu.py tests/test_spec_policy_gpu.py \
+    tests/test_hybrid_engine.py -rf > $R/logs/engine_gpu_tests.log 2>&1
+  say "engine gpu tests rc $? : $(tail -1 $R/logs/engine_gpu_tests.log)"
+  grep -E "^(FAILED|ERROR)" $R/logs/engine_gpu_tests.log | head -10; pack;; esac
   case " $MEASURE " in *" steps "*)
   timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
   say "step table rc $?"; pack;; esac

@@ -7,6 +7,11 @@ import contextlib
 
 from dspine_engine import SamplingParams
 
+# GPU tests run side by side (pytest -n) and beside other GPU jobs (the data generators): an
+# engine left to size its KV pool from the free memory (half of it) starves the next one, so
+# each GPU test engine is given its pool (3 GiB of the default model's KV).
+GPU_KV_TOKENS = 1 << 17
+
 
 @contextlib.contextmanager
 def running_after_rounds(engine, prompts, rounds: int, max_tokens: int = 96):

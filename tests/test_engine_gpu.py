@@ -15,7 +15,8 @@ import torch
 
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
-from engine_rounds import assert_greedy_lossless, pools_whole, prepared, running_after_rounds
+from engine_rounds import (GPU_KV_TOKENS, assert_greedy_lossless, pools_whole, prepared,
+                           running_after_rounds)
 from random_drafts import write_random_draft
 
 pytestmark = pytest.mark.gpu
@@ -35,7 +36,8 @@ def draft_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec_engine(smollm2_dir, draft_dir):
-    return Engine(smollm2_dir, draft=draft_dir, device="cuda", max_num_seqs=32, progress=False)
+    return Engine(smollm2_dir, draft=draft_dir, device="cuda", max_num_seqs=32, progress=False,
+                  kv_cache_tokens=GPU_KV_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def one_split_engine(smollm2_dir, draft_dir):
     os.environ["DSPINE_ATTN_SPLITS"] = "1"
     try:
         return Engine(smollm2_dir, draft=draft_dir, device="cuda", max_num_seqs=32,
-                      progress=False)
+                      progress=False, kv_cache_tokens=GPU_KV_TOKENS)
     finally:
         if old is None:
             del os.environ["DSPINE_ATTN_SPLITS"]
@@ -62,7 +64,8 @@ def ar_engine(smollm2_dir):
     old = os.environ.get("DSPINE_ATTN_SPLITS")
     os.environ["DSPINE_ATTN_SPLITS"] = "1"
     try:
-        return Engine(smollm2_dir, device="cuda", max_num_seqs=512, progress=False)
+        return Engine(smollm2_dir, device="cuda", max_num_seqs=512, progress=False,
+                      kv_cache_tokens=2 * GPU_KV_TOKENS)
     finally:
         if old is None:
             del os.environ["DSPINE_ATTN_SPLITS"]
@@ -164,6 +167,7 @@ def test_drafts_survive_the_verify_replay(spec_engine, real_prompts, batch):
 def test_greedy_lossless_on_gpu(spec_engine, smollm2_dir, real_prompts):
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     assert_greedy_lossless(
-        spec_engine, lambda: Engine(smollm2_dir, device="cuda", max_num_seqs=32, progress=False),
+        spec_engine, lambda: Engine(smollm2_dir, device="cuda", max_num_seqs=32, progress=False,
+                  kv_cache_tokens=GPU_KV_TOKENS),
         real_prompts, params, one_by_one=8)
     assert pools_whole(spec_engine)

@@ -11,6 +11,7 @@ import torch
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.engine.kv_cache import KVCacheFullError
 from dspine_engine.engine.recurrent_cache import RecurrentCache
+from engine_rounds import GPU_KV_TOKENS
 from hybrid_runs import ModelRun
 from random_drafts import write_tiny_random_draft
 from tiny_models import write_tiny_hybrid
@@ -258,7 +259,8 @@ def test_trainer_capture_reads_the_hybrid_targets_taps(tiny_hybrid):
 def gpu_ar_engine(tiny_hybrid):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    return Engine(tiny_hybrid, device="cuda", dtype="float32", progress=False, max_num_seqs=8)
+    return Engine(tiny_hybrid, device="cuda", dtype="float32", progress=False, max_num_seqs=8,
+                  kv_cache_tokens=GPU_KV_TOKENS)
 
 
 @pytest.mark.gpu
@@ -268,7 +270,7 @@ def test_gpu_greedy_speculative_equals_autoregressive(graphs, tmp_path, tiny_hyb
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     reference = [r.token_ids for r in gpu_ar_engine.generate(PROMPTS, params)]
     eng = _spec_engine(tiny_hybrid, tmp_path, device="cuda", dtype="float32", max_num_seqs=8,
-                       cuda_graphs=graphs)
+                       cuda_graphs=graphs, kv_cache_tokens=GPU_KV_TOKENS)
     assert (eng.runner.graphs is not None) == graphs
     assert [r.token_ids for r in eng.generate(PROMPTS, params)] == reference
     assert eng.generate(PROMPTS[2], params[2])[0].token_ids == reference[2]
@@ -280,6 +282,6 @@ def test_gpu_rollback_of_every_accept_length_leaves_the_committed_state(tmp_path
                                                                         gpu_ar_engine):
     """As the CPU test, with the engine's CUDA graphs replaying the draft and the verify."""
     eng = _spec_engine(tiny_hybrid, tmp_path, seed=5, device="cuda", dtype="float32",
-                       max_num_seqs=8)
+                       max_num_seqs=8, kv_cache_tokens=GPU_KV_TOKENS)
     assert eng.runner.graphs is not None
     _check_rollback_through_the_engine(eng, gpu_ar_engine, rel=1e-3)

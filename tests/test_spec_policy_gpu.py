@@ -10,7 +10,7 @@ import torch
 
 from dspine_engine import Engine, SamplingParams
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
-from engine_rounds import assert_greedy_lossless, pools_whole, running_after_rounds
+from engine_rounds import GPU_KV_TOKENS, assert_greedy_lossless, pools_whole, running_after_rounds
 from test_spec_policy_lossless import write_linear_profile
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +25,7 @@ def real_prompts():
 def auto_engine(smollm2_dir, tmp_path_factory):
     profile = write_linear_profile(tmp_path_factory.mktemp("profile") / "p.json", 0.12)
     return Engine(smollm2_dir, draft="default", device="cuda", max_num_seqs=16, progress=False,
-                  spec_policy="auto", spec_cost_profile=str(profile))
+                  kv_cache_tokens=GPU_KV_TOKENS, spec_policy="auto", spec_cost_profile=str(profile))
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 4, 8, 16])
@@ -49,7 +49,8 @@ def test_greedy_lossless_with_dynamic_verification_on_gpu(auto_engine, smollm2_d
                                                            real_prompts):
     params = SamplingParams(max_tokens=96, ignore_eos=True)
     assert_greedy_lossless(
-        auto_engine, lambda: Engine(smollm2_dir, device="cuda", max_num_seqs=16, progress=False),
+        auto_engine, lambda: Engine(smollm2_dir, device="cuda", max_num_seqs=16, progress=False,
+                                     kv_cache_tokens=GPU_KV_TOKENS),
         real_prompts, params, one_by_one=4)
     lengths = auto_engine.stats.verify_lengths
     assert lengths.get(0, 0) > 0 and len([k for k in lengths if k > 0]) >= 2, lengths
@@ -60,7 +61,7 @@ def test_cost_profile_is_measured_through_the_graphs(smollm2_dir, tmp_path, monk
     prompts = real_prompts_small()  # read from the real cache before it is moved
     monkeypatch.setenv("DSPINE_CACHE", str(tmp_path / "cache"))
     eng = Engine(smollm2_dir, draft="default", device="cuda", max_num_seqs=8, progress=False,
-                 spec_policy="auto")
+                 kv_cache_tokens=GPU_KV_TOKENS, spec_policy="auto")
     (path,) = (tmp_path / "cache" / "verify_cost").glob("*.json")
     saved = json.loads(path.read_text())
     assert saved["padded_sizes"] == eng.runner.graphs.sizes == [1, 2, 4, 8]
