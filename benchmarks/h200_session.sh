@@ -13,6 +13,7 @@
 #   data        converts the model, builds the prompt corpus and its held-out set, then runs
 #               the generators (detached) for DATA_MIN minutes while the GPU tests and memcheck
 #               run beside them; rank 0 merges the shards.                           ~7.5 min
+#               DATA_TESTS=0: no tests beside them (a short call, tests already passed).
 #   fit         DSpine and its DFlash twin side by side (same batches; DDP over the GPUs),
 #               sized to FIT_MIN minutes, checkpoints chosen on the held-out set.   ~FIT_MIN+1
 #               TWIN=soft0 instead: the DSpine at SOFT, then the same DSpine at alpha 0 for
@@ -165,12 +166,13 @@ if [ "$MODE" = data ]; then
   profile_generator &
   # Beside them (the GPU has room): every GPU test, then memcheck over the kernel tests (not the
   # test that provokes the RoPE device assertion on purpose: memcheck counts it as errors).
+  [ "${DATA_TESTS:-1}" = 1 ] && {  # DATA_TESTS=0: a short data call, tests already run on this commit
   timeout 300 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; pack
   timeout 90 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
     -k "(paged_attention or walk or block_verify or injection or rope) and not outside_the_table" > $R/logs/memcheck.log 2>&1
   say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
-  quant_cpu_tests
+  quant_cpu_tests; }
   while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
   for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
   say "data: $(head -1 $S/data_stats.txt)"; pack; exit 0
