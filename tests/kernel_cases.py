@@ -51,6 +51,18 @@ def free_pages_outside_window(tables, kv_lens, q_lens, page_size, window):
     return tables
 
 
+def poison_unseen_keys(k_cache, v_cache, tables, kv_lens, q_lens, page_size, window):
+    """Copies of the caches with NaN in every slot no query sees (other sequences' free pages,
+    the tail of a last page, keys before the window): a kernel that reads one, even at zero
+    weight, shows NaN."""
+    seen = torch.zeros(k_cache.shape[:2], dtype=torch.bool)
+    for b, (n, q) in enumerate(zip(kv_lens, q_lens)):
+        lo = max(0, n - q - window + 1) if window > 0 else 0
+        for k in range(lo, n):
+            seen[int(tables[b, k // page_size]), k % page_size] = True
+    return tuple(c.masked_fill(~seen[:, :, None, None], float("nan")) for c in (k_cache, v_cache))
+
+
 def verify_case(batch, t_len, vocab, cand, device, seed, temperatures, dtype=torch.float32,
                 peaked=True):
     """Logits where drafts agree with the target often enough to exercise long accepts."""

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dspine_engine import ops
-from kernel_cases import (attention_case, free_pages_outside_window, rel_err, verify_case,
-                          walk_case)
+from kernel_cases import (attention_case, free_pages_outside_window, poison_unseen_keys, rel_err,
+                          verify_case, walk_case)
 
 DEV = "cpu"
 
@@ -168,6 +168,128 @@ def test_rows_do_not_depend_on_the_batch_or_the_threads(isa, monkeypatch):
                                             kl[b:b + 1].clone(), torch.tensor([0, n], dtype=torch.int32),
                                             n, True, 0, 0.125)
                 assert torch.equal(alone, together[rows]), f"sequence {b}, {t} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
+# Long rows: keys cut into segments of 256 at absolute positions (csrc/cpu/attention_segments.h),
+# folded in order; at batch 1 on 2 threads a row's segments run as separate work items.
+# (q_lens, kv_lens, causal, window): odd lengths, many segments, windows across boundaries.
+LONG_SHAPES = [
+    ([1], [1037], True, 0),              # decode, 5 segments
+    ([1], [2049], True, 0),              # decode, 9 segments, one key in the last
+    ([1], [257], True, 0),               # one key past the first segment
+    ([16], [16 + 1000], True, 0),        # verify
+    ([1], [1500], True, 613),            # windowed decode: the window starts mid-segment
+    ([16], [16 + 900], True, 300),       # windowed verify
+    ([16, 1, 1], [16 + 777, 513, 1201], True, 0),  # a batch: few enough tiles to split
+    ([16], [16 + 700], False, 260),      # draft block, bidirectional + window
+]
+
+
+def long_case(shape, dtype, seed):
+    q_lens, kv_lens, causal, window = shape
+    case = attention_case(q_lens, kv_lens, 9, 3, 64, 16, dtype, DEV, seed=seed)
+    q, kc, vc, bt, kl, cu, mq = case
+    if window > 0:
+        bt = free_pages_outside_window(bt, kv_lens, q_lens, 16, window)
+    return q, kc, vc, bt, kl, cu, mq, causal, window
+
+
+@pytest.mark.parametrize("isa", ATTN_ISAS)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("case", range(len(LONG_SHAPES)))
+def test_long_rows_match_the_reference_and_ignore_unseen_keys(case, dtype, tol, isa, monkeypatch):
+    """Every slot no query sees holds NaN: none reaches the output."""
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
+    q_lens, kv_lens = LONG_SHAPES[case][:2]
+    q, kc, vc, bt, kl, cu, mq, causal, window = long_case(LONG_SHAPES[case], dtype, 40 + case)
+    ref = ops.paged_attention_ref(q, kc, vc, bt, kl, cu, mq, causal, window, 0.125)
+    kp, vp = poison_unseen_keys(kc, vc, bt, kv_lens, q_lens, 16, window)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            out = ops.paged_attention(q, kp, vp, bt, kl, cu, mq, causal, window, 0.125)
+            assert rel_err(out, ref) < tol, f"{t} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("isa", ATTN_ISAS)
+@pytest.mark.parametrize("case", range(len(LONG_SHAPES)))
+def test_long_rows_do_not_depend_on_the_batch_or_the_threads(case, isa, monkeypatch):
+    """1 thread folds a row's segments in one work item; 2 threads at batch 1 (from 455 keys of
+    these heads) run them as separate items and fold afterwards; a batch has tiles enough not to
+    split: the same arithmetic everywhere, so the same bits."""
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
+    q_lens = LONG_SHAPES[case][0]
+    q, kc, vc, bt, kl, cu, mq, causal, window = long_case(LONG_SHAPES[case], torch.float32, 60 + case)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, causal, window, 0.125)
+        for t in (1, 2, 1):
+            torch.set_num_threads(t)
+            for b, n in enumerate(q_lens):
+                rows = slice(int(cu[b]), int(cu[b + 1]))
+                alone = ops.paged_attention(q[rows].clone(), kc, vc, bt[b:b + 1].clone(),
+                                            kl[b:b + 1].clone(), torch.tensor([0, n], dtype=torch.int32),
+                                            n, causal, window, 0.125)
+                assert torch.equal(alone, together[rows]), f"sequence {b}, {t} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("isa", ATTN_ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,context,window", [(16, 1000, 0), (16, 777, 300), (9, 1300, 513),
+                                              (16, 2040, 0)])
+def test_long_block_rows_equal_decoding_them_one_by_one(dtype, n, context, window, isa, monkeypatch):
+    """A 16-query verify block is tiled (unsplit items); each row alone is a batch-1 decode
+    (split into segments on 2 threads): bit for bit the same."""
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
+    q, kc, vc, bt, kl, cu, mq = attention_case([n], [context + n], 9, 3, 64, 16, dtype, DEV,
+                                               seed=11 + n + window)
+    if window > 0:
+        bt = free_pages_outside_window(bt, [context + n], [n], 16, window)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, window, 0.125)
+        one = torch.tensor([0, 1], dtype=torch.int32)
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for i in range(n):
+                alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt,
+                                            torch.tensor([context + i + 1], dtype=torch.int32), one,
+                                            1, True, window, 0.125)
+                assert torch.equal(alone[0], block[i]), f"query {i} of {n}, {t} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("isa", ATTN_ISAS)
+@pytest.mark.parametrize("poisoned", ["value", "key"])
+def test_a_seen_nan_reaches_the_output(poisoned, isa, monkeypatch):
+    """A NaN in a key or value a row sees, in a middle segment, makes that row NaN however the
+    segments are run (the fold never drops it); rows whose window ends before it stay finite."""
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
+    q, kc, vc, bt, kl, cu, mq = attention_case([4], [1100], 9, 3, 64, 16, torch.float32, DEV, seed=5)
+    bad = 600  # segment 2; a window of 498 starts at 599, 600, 601, 602 for the 4 queries
+    cache = kc if poisoned == "key" else vc
+    cache[int(bt[0, bad // 16]), bad % 16] = float("nan")
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            full = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125)
+            assert torch.isnan(full).all(), f"{t} threads"
+            decode = ops.paged_attention(q[:1].clone(), kc, vc, bt, kl - 3,
+                                         torch.tensor([0, 1], dtype=torch.int32), 1, True, 0, 0.125)
+            assert torch.isnan(decode).all(), f"{t} threads, decode"
+            windowed = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 498, 0.125)
+            assert torch.isnan(windowed[:2]).all() and torch.isfinite(windowed[2:]).all()
     finally:
         torch.set_num_threads(threads)
 

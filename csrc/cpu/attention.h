@@ -1,15 +1,19 @@
 // Paged sliding-window attention with GQA on the CPU: one kernel for prefill (causal varlen),
 // decode (1 query), verify (B causal queries) and draft (B bidirectional queries).
 //
-// Work item = (sequence, kv head, tile of queries). All query heads of the GQA group share one
-// pass over the keys, so each K/V chunk is loaded once per item. Keys are visited in chunks at
-// absolute positions with an online softmax (running max and sum per query row); one chunk is a
-// step (attention_step.h: portable, or SIMD over the AVX-512 or AVX2 kernels of
-// attention_avx512.h / attention_avx2.h, chosen at run time by isa.h).
+// Tile = (sequence, kv head, tile of queries). All query heads of the GQA group share one pass
+// over the keys, so each K/V chunk is loaded once per tile. A row's keys are cut into segments at
+// absolute positions, each an online softmax (running max and sum per query row) from a fresh
+// start, folded in order (attention_segments.h); a tile is one work item, or, when there are too
+// few tiles for the threads (decode at batch 1), one item per segment. Within a segment keys are
+// visited in chunks at absolute positions; one chunk is a step (attention_step.h: portable, or
+// SIMD over the AVX-512 or AVX2 kernels of attention_avx512.h / attention_avx2.h, chosen at run
+// time by isa.h).
 //
 // A row's output depends only on the row: not on the query tile, the rows beside it, the thread
-// split or the chunk loads (attention_step.h says how). That is what makes a verify block's row
-// equal the same row decoded alone (tests: test_block_rows_equal_decoding_them_one_by_one).
+// split, whether its segments ran as separate items, or the chunk loads (attention_step.h says
+// how). That is what makes a verify block's row equal the same row decoded alone (tests:
+// test_block_rows_equal_decoding_them_one_by_one, test_long_rows_*).
 #pragma once
 
 #include <algorithm>
@@ -19,6 +23,7 @@
 
 #include "attention_avx2.h"
 #include "attention_avx512.h"
+#include "attention_segments.h"
 #include "attention_step.h"
 #include "common.h"
 #include "isa.h"
@@ -36,20 +41,21 @@ struct PagedAttentionArgs {
 
 namespace attn {
 
-// One work item's buffers: queries, running output, max, sum and rescaling per row, one
-// chunk's scores and visible lanes per row, each row's visible key range; the chunk's key and
-// value rows (fp32 copies when the cache is not fp32) and its keys transposed (AVX-512 step).
+// One work item's buffers: queries, a segment's running output, max, sum and rescaling per row,
+// the rows' fold over segments (attention_segments.h; an unsplit tile's), one chunk's scores
+// and visible lanes per row, each row's visible key range; the chunk's key and value rows (fp32
+// copies when the cache is not fp32) and its keys transposed (AVX-512 step).
 struct Scratch {
-  std::vector<float> qf, acc, m, l, corr, s, kf, vf, kt;
+  std::vector<float> qf, acc, m, l, corr, s, kf, vf, kt, fold;
   std::vector<uint32_t> mask;
   std::vector<int64_t> lo, hi;
   const float* krow[kKeyChunk];
   const float* vrow[kKeyChunk];
   void size(int64_t rows, int64_t d) {
     qf.resize(rows * d);
-    acc.assign(rows * d, 0.f);
-    m.assign(rows, kNegInf);
-    l.assign(rows, 0.f);
+    acc.resize(rows * d);
+    m.resize(rows);
+    l.resize(rows);
     corr.resize(rows);
     s.resize(rows * kKeyChunk);
     mask.resize(rows);
@@ -105,9 +111,15 @@ inline int64_t query_tile(const int32_t* cu_q, const PagedAttentionArgs& a, int 
 // Work is counted in query-by-key multiply-adds (rows x keys x head_dim). Below 2^21 of them
 // (decode over a short context: a few microseconds) the kernel runs on the calling thread, as it
 // did with a bound of its own: an item is too short to pay for waking a helper, which on a shared
-// machine steals the core from the GEMVs around it (chunk_pool.h). parallel_for's bound
-// (common.h, 2^16) counts elements of simple loops: 32 of these multiply-adds to one.
-constexpr int64_t kMultiplyAddsPerWorkUnit = 32;
+// machine steals the core from the GEMVs around it (chunk_pool.h).
+constexpr int64_t kParallelWork = int64_t{1} << 21;
+
+// A call with too few tiles for the threads (decode at batch 1) runs its long tiles' segments as
+// separate items on the threads from 2^18 multiply-adds (SmolLM2-135M's 9 heads x 64 dims: 455
+// keys). Measured at batch 1 on 2 threads with the cache warm (benchmarks/cpu_attention.py):
+// 1024 keys 47 -> 27 us, 2048 keys 92 -> 52 us, 600 keys 30 -> 15 us; at 300 keys it saved
+// 4 us or nothing, not worth a helper's wake on a loaded machine.
+constexpr int64_t kSplitWork = int64_t{1} << 18;
 
 enum class StepKind { kPortable, kAvx2, kAvx512 };
 
@@ -138,72 +150,198 @@ inline void run_step(StepKind kind, const KeyChunk& c, const Rows& rw, float* kt
   }
 }
 
+// The keys [lo, hi] the query at position pos sees.
+inline void visible_keys(const PagedAttentionArgs& a, int64_t pos, int64_t kv_len, int64_t* lo,
+                         int64_t* hi) {
+  *lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  *hi = a.causal ? pos : kv_len - 1;
+}
+
+// A tile of query rows of one (sequence, kv head) and the segments its keys span. A split
+// tile's segments are separate work items whose partials go to slots part + s * slot_floats
+// (s counted from seg0), folded afterwards; an unsplit tile is one item that folds as it goes.
+struct Tile {
+  int64_t b, kvh, i0, i1, seg0, seg1;
+  int64_t part;  // < 0: not split
+};
+
+// A split tile's slot of one segment: per row its max, sum, then all rows' outputs.
+inline int64_t slot_floats(int64_t rows, int64_t d) { return rows * (d + 2); }
+
+inline RowState slot_row(float* slot, int64_t rows, int64_t d, int64_t r) {
+  return {slot + r, slot + rows + r, slot + 2 * rows + r * d};
+}
+
+// Whether long tiles' segments become items of their own: only where the call runs on several
+// threads and has too few tiles to keep them busy. Any choice gives every row the same result.
+inline bool split_segments(int64_t tiles, int64_t work, int threads) {
+  return threads > 1 && tiles < 2 * threads && work >= kSplitWork;
+}
+
+template <typename T>
+class PagedAttention {
+ public:
+  PagedAttention(const T* q, const T* k_cache, const T* v_cache, T* out, const int32_t* block_tables,
+                 const int32_t* kv_lens, const int32_t* cu_q, const PagedAttentionArgs& a)
+      : q_(q), k_(k_cache), v_(v_cache), out_(out), tables_(block_tables), kv_lens_(kv_lens),
+        cu_q_(cu_q), a_(a), group_(a.q_heads / a.kv_heads), d_(a.head_dim),
+        kind_(step_kind(a.head_dim)) {}
+
+  void run() {
+    const int threads = max_threads();
+    const bool split = plan(threads);
+    if (items_.empty()) return;
+    const int64_t n_items = static_cast<int64_t>(items_.size());
+    const auto item = [&](int64_t w) { run_item(w); };
+    if (split || work_ >= kParallelWork)
+      parallel_for(n_items, item);
+    else
+      for (int64_t w = 0; w < n_items; ++w) item(w);
+    for (const Tile& t : tiles_)
+      if (t.part >= 0) fold_split_tile(t);
+  }
+
+ private:
+  struct Item { int64_t tile, seg; };  // seg < 0: all of the tile's segments
+
+  // Enumerates tiles and work items up front so the threads can balance them; returns whether
+  // some tile was split into its segments.
+  bool plan(int threads) {
+    const int64_t tile = query_tile(cu_q_, a_, threads);
+    int64_t& work = work_;
+    for (int64_t b = 0; b < a_.batch; ++b) {
+      const int64_t n = cu_q_[b + 1] - cu_q_[b], kv_len = kv_lens_[b];
+      work += n * kv_len * a_.q_heads * d_;
+      for (int64_t kvh = 0; kvh < a_.kv_heads; ++kvh)
+        for (int64_t i0 = 0; i0 < n; i0 += tile) {
+          const int64_t i1 = std::min(n, i0 + tile);
+          int64_t lo, hi, unused;
+          visible_keys(a_, kv_len - n + i0, kv_len, &lo, &unused);
+          visible_keys(a_, kv_len - n + i1 - 1, kv_len, &unused, &hi);
+          tiles_.push_back({b, kvh, i0, i1, first_segment(lo), end_segment(hi), -1});
+        }
+    }
+    const bool split = split_segments(static_cast<int64_t>(tiles_.size()), work, threads);
+    int64_t part = 0;
+    for (int64_t t = 0; t < static_cast<int64_t>(tiles_.size()); ++t) {
+      Tile& tl = tiles_[t];
+      if (!split || tl.seg1 - tl.seg0 < 2) {
+        items_.push_back({t, -1});
+        continue;
+      }
+      tl.part = part;
+      part += (tl.seg1 - tl.seg0) * slot_floats(rows(tl), d_);
+      for (int64_t s = tl.seg0; s < tl.seg1; ++s) items_.push_back({t, s});
+    }
+    parts_.resize(part);
+    return part > 0;
+  }
+
+  // Row r of a tile: query i0 + r / group, head kvh * group + r % group.
+  int64_t rows(const Tile& t) const { return (t.i1 - t.i0) * group_; }
+
+  float* slot(const Tile& t, int64_t s) {
+    return parts_.data() + t.part + (s - t.seg0) * slot_floats(rows(t), d_);
+  }
+
+  void run_item(int64_t w) {
+    const Item it = items_[w];
+    const Tile& t = tiles_[it.tile];
+    // Per-thread scratch, grown once (a decode step runs thousands of these items), used through
+    // plain pointers: each access to a thread_local in a shared library is a call.
+    thread_local Scratch tls;
+    Scratch& sc = tls;
+    const int64_t n = rows(t);
+    sc.size(n, d_);
+    load_rows(t, sc);
+    if (it.seg >= 0) {
+      float* p = slot(t, it.seg);
+      segment_pass(t, it.seg, sc, p, p + n, p + 2 * n);
+      return;
+    }
+    sc.fold.assign(n * (d_ + 2), 0.f);
+    float* f = sc.fold.data();
+    for (int64_t s = t.seg0; s < t.seg1; ++s) {
+      segment_pass(t, s, sc, sc.m.data(), sc.l.data(), sc.acc.data());
+      for (int64_t r = 0; r < n; ++r) {
+        const RowState seg{sc.m.data() + r, sc.l.data() + r, sc.acc.data() + r * d_};
+        fold_segment(slot_row(f, n, d_, r), seg, d_);
+      }
+    }
+    write_rows(t, f);
+  }
+
+  // Scaled fp32 queries and each row's visible keys.
+  void load_rows(const Tile& t, Scratch& sc) const {
+    const int64_t n = cu_q_[t.b + 1] - cu_q_[t.b], kv_len = kv_lens_[t.b];
+    for (int64_t r = 0; r < rows(t); ++r) {
+      const int64_t i = t.i0 + r / group_, h = t.kvh * group_ + r % group_;
+      visible_keys(a_, kv_len - n + i, kv_len, &sc.lo[r], &sc.hi[r]);
+      const T* src = q_ + (cu_q_[t.b] + i) * a_.q_tok_stride + h * d_;
+      for (int64_t x = 0; x < d_; ++x) sc.qf[r * d_ + x] = to_f(src[x]) * a_.scale;
+    }
+  }
+
+  // The rows' partials over segment s, from a fresh start, into m, l, acc.
+  void segment_pass(const Tile& t, int64_t s, Scratch& sc, float* m, float* l, float* acc) const {
+    const int64_t n = rows(t);
+    std::fill(m, m + n, kNegInf);
+    std::fill(l, l + n, 0.f);
+    std::fill(acc, acc + n * d_, 0.f);
+    const Rows rw{n, d_, sc.qf.data(), acc, m, l, sc.s.data(), sc.corr.data(), sc.mask.data()};
+    const int32_t* table = tables_ + t.b * a_.max_pages;
+    // Keys of the segment some row of the tile sees (rows are in position order).
+    const int64_t k_lo = std::max(sc.lo[0], s * kSegmentKeys);
+    const int64_t k_hi = std::min(sc.hi[n - 1], (s + 1) * kSegmentKeys - 1);
+    for (int64_t k0 = k_lo / kKeyChunk * kKeyChunk; k0 <= k_hi; k0 += kKeyChunk) {
+      KeyChunk c{k0, static_cast<int>(std::max<int64_t>(k_lo - k0, 0)),
+                 static_cast<int>(std::min<int64_t>(k_hi - k0 + 1, kKeyChunk)), nullptr, nullptr};
+      load_chunk(k_, v_, table, t.kvh, a_, c, sc);
+      for (int64_t r = 0; r < n; ++r) sc.mask[r] = lane_mask(sc.lo[r], sc.hi[r], k0);
+      run_step(kind_, c, rw, sc.kt.data());
+    }
+  }
+
+  // A split tile's slots folded in segment order, as run_item folds an unsplit one.
+  void fold_split_tile(const Tile& t) {
+    const int64_t n = rows(t);
+    std::vector<float> f(n * (d_ + 2), 0.f);
+    for (int64_t s = t.seg0; s < t.seg1; ++s)
+      for (int64_t r = 0; r < n; ++r)
+        fold_segment(slot_row(f.data(), n, d_, r), slot_row(slot(t, s), n, d_, r), d_);
+    write_rows(t, f.data());
+  }
+
+  // Outputs of the tile's rows from their folded results.
+  void write_rows(const Tile& t, float* folded) const {
+    for (int64_t r = 0; r < rows(t); ++r) {
+      const RowState st = slot_row(folded, rows(t), d_, r);
+      const int64_t i = t.i0 + r / group_, h = t.kvh * group_ + r % group_;
+      T* dst = out_ + ((cu_q_[t.b] + i) * a_.q_heads + h) * d_;
+      const float inv = *st.l > 0.f ? 1.f / *st.l : 0.f;
+      for (int64_t x = 0; x < d_; ++x) dst[x] = from_f<T>(st.acc[x] * inv);
+    }
+  }
+
+  const T *q_, *k_, *v_;
+  T* out_;
+  const int32_t *tables_, *kv_lens_, *cu_q_;
+  const PagedAttentionArgs& a_;
+  const int64_t group_, d_;
+  const StepKind kind_;
+  std::vector<Tile> tiles_;
+  std::vector<Item> items_;
+  std::vector<float> parts_;  // split tiles' segment partials
+  int64_t work_ = 0;          // multiply-adds of the call
+};
+
 }  // namespace attn
 
 template <typename T>
 void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
                      const int32_t* block_tables, const int32_t* kv_lens, const int32_t* cu_q,
                      const PagedAttentionArgs& a) {
-  using namespace attn;
-  const int64_t group = a.q_heads / a.kv_heads;
-  const int64_t d = a.head_dim;
-  const StepKind kind = step_kind(d);
-
-  // Enumerate work items up front so the threads can balance them.
-  const int64_t tile = query_tile(cu_q, a, max_threads());
-  struct Item { int64_t b, kvh, i0, i1; };
-  std::vector<Item> items;
-  int64_t work = 0;
-  for (int64_t b = 0; b < a.batch; ++b) {
-    const int64_t n = cu_q[b + 1] - cu_q[b];
-    work += n * int64_t{kv_lens[b]} * a.q_heads * d;
-    for (int64_t kvh = 0; kvh < a.kv_heads; ++kvh)
-      for (int64_t i0 = 0; i0 < n; i0 += tile) items.push_back({b, kvh, i0, std::min(n, i0 + tile)});
-  }
-  if (items.empty()) return;
-
-  const auto body = [&](int64_t w) {
-    const Item it = items[w];
-    const int64_t n = cu_q[it.b + 1] - cu_q[it.b];
-    const int64_t kv_len = kv_lens[it.b];
-    const int64_t first_pos = kv_len - n;
-    const int32_t* table = block_tables + it.b * a.max_pages;
-    const int64_t rows = (it.i1 - it.i0) * group;  // row r = (query i0 + r / group, head r % group)
-
-    // Per-thread scratch, grown once (a decode step runs thousands of these items), used through
-    // plain pointers: each access to a thread_local in a shared library is a call.
-    thread_local Scratch tls;
-    Scratch& sc = tls;
-    sc.size(rows, d);
-    int64_t *const lo = sc.lo.data(), *const hi = sc.hi.data();
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = it.i0 + r / group, h = it.kvh * group + r % group;
-      const int64_t pos = first_pos + i;
-      lo[r] = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
-      hi[r] = a.causal ? pos : kv_len - 1;
-      const T* src = q + (cu_q[it.b] + i) * a.q_tok_stride + h * d;
-      for (int64_t x = 0; x < d; ++x) sc.qf[r * d + x] = to_f(src[x]) * a.scale;
-    }
-    const Rows rw{rows, d, sc.qf.data(), sc.acc.data(), sc.m.data(), sc.l.data(), sc.s.data(),
-                  sc.corr.data(), sc.mask.data()};
-    // Keys some row of the tile sees (rows are in position order).
-    const int64_t k_lo = lo[0], k_hi = hi[rows - 1];
-    for (int64_t k0 = k_lo / kKeyChunk * kKeyChunk; k0 <= k_hi; k0 += kKeyChunk) {
-      KeyChunk c{k0, static_cast<int>(std::max<int64_t>(k_lo - k0, 0)),
-                 static_cast<int>(std::min<int64_t>(k_hi - k0 + 1, kKeyChunk)), nullptr, nullptr};
-      load_chunk(k_cache, v_cache, table, it.kvh, a, c, sc);
-      for (int64_t r = 0; r < rows; ++r) sc.mask[r] = lane_mask(lo[r], hi[r], k0);
-      run_step(kind, c, rw, sc.kt.data());
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = it.i0 + r / group, h = it.kvh * group + r % group;
-      T* dst = out + ((cu_q[it.b] + i) * a.q_heads + h) * d;
-      const float inv = rw.l[r] > 0.f ? 1.f / rw.l[r] : 0.f;
-      for (int64_t x = 0; x < d; ++x) dst[x] = from_f<T>(rw.acc[r * d + x] * inv);
-    }
-  };
-  const int64_t n_items = static_cast<int64_t>(items.size());
-  parallel_for(n_items, work / n_items / kMultiplyAddsPerWorkUnit, body);
+  attn::PagedAttention<T>(q, k_cache, v_cache, out, block_tables, kv_lens, cu_q, a).run();
 }
 
 }  // namespace cpu
