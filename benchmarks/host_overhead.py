@@ -10,7 +10,9 @@ then ``rounds`` rounds are timed one by one through `Engine.step()` (median, mic
 this thread's CPU time: robust to the other work sharing the cores).
 
 Modes: ``ar`` (no draft, token ids only), ``ar_text`` (no draft, text), ``spec`` (a 16-token
-DSpine block, 2 drafts accepted per round, text), and ``data``: `dspine-train data`'s generator
+DSpine block, 2 drafts accepted per round, text), ``spec_auto`` (the same under
+``spec_policy="auto"`` with a flat cost profile, so it too verifies whole blocks: the difference
+is the policy's own host work), and ``data``: `dspine-train data`'s generator
 itself (`DataGenerator`, the step API, 20% of the prompts sampled at T=1, records written) on
 prompts of 40-200 random tokens, answers ending at a random length (EOS with probability 1/350
 per token, capped at 512): host time per step of the whole loop, decode and prefill steps apart,
@@ -45,6 +47,7 @@ from common import RESULTS, markdown_table, run_info, save_json, update_doc_sect
 from dspine_engine import Engine, SamplingParams, ops  # noqa: E402
 from dspine_engine.models.dspine import DSpineDraft  # noqa: E402
 from dspine_engine.models.target import TargetModel  # noqa: E402
+from test_spec_policy_lossless import write_linear_profile  # noqa: E402
 
 ACCEPTED = 2  # drafts accepted per speculative round (tau 3, what trained drafters reach)
 TOKEN = 1234  # every generated token: an ordinary word piece (low ids are special tokens)
@@ -126,12 +129,13 @@ def params(max_tokens: int, text: bool) -> tuple[SamplingParams, str]:
         return SamplingParams(max_tokens=max_tokens, ignore_eos=True), "text"
 
 
-def time_rounds(model, draft, batch: int, prompt: int, rounds: int, text: bool) -> dict:
+def time_rounds(model, draft, batch: int, prompt: int, rounds: int, text: bool,
+                policy: dict | None = None) -> dict:
     block = 16 if draft else 1
     max_tokens = (rounds + 4) * (ACCEPTED + 1 if draft else 1) + 8
     eng = Engine(model, draft=draft, progress=False, max_num_seqs=batch,
                  kv_cache_tokens=batch * (prompt + max_tokens + 2 * block + 16),
-                 max_prefill_tokens=batch * prompt)
+                 max_prefill_tokens=batch * prompt, **(policy or {}))
     p, detok = params(max_tokens, text)
     gen = torch.Generator().manual_seed(0)
     for _ in range(batch):
@@ -212,7 +216,7 @@ def build_models(tmp: Path) -> tuple[Path, Path]:
 
     model = write_tiny_model(tmp / "tiny", "llama", default_model_dir(progress=False),
                              max_position_embeddings=1024)
-    return model, write_tiny_random_draft(tmp / "draft", seed=1)
+    return model, write_tiny_random_draft(tmp / "draft", seed=1, max_position_embeddings=1024)
 
 
 DOC_NOTE = ("Host CPU time of the engine with the model forwards stubbed out (median per step, "
@@ -231,6 +235,9 @@ def run_rows(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model, draft = build_models(Path(tmp))
+        # A flat cost: every width costs a decode step, so the policy verifies whole blocks.
+        auto = dict(spec_policy="auto", spec_cost_profile=str(
+            write_linear_profile(Path(tmp) / "flat_cost.json", per_token=0.0)))
         with stubbed_forwards(ACCEPTED):
             for mode in args.modes:
                 for b in args.batches:
@@ -246,8 +253,9 @@ def run_rows(args) -> list[dict]:
                                   f"{row['tokens_per_s']:8.0f} tokens/s, decode step "
                                   f"{row['decode_step_us']:.0f} us", file=sys.stderr)
                         continue
-                    row = time_rounds(model, draft if mode == "spec" else None, b, args.prompt,
-                                      args.rounds, text=mode != "ar")
+                    row = time_rounds(model, draft if mode.startswith("spec") else None, b,
+                                      args.prompt, args.rounds, text=mode != "ar",
+                                      policy=auto if mode == "spec_auto" else None)
                     row["mode"] = mode
                     rows.append(row)
                     print(f"{mode:>8} batch {b:>4}: {row['us_per_round']:9.0f} us/round "
@@ -311,7 +319,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30, help="timed rounds per row (median)")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens per request")
     ap.add_argument("--modes", nargs="+", default=["ar", "ar_text", "spec"],
-                    choices=["ar", "ar_text", "spec", "data"])
+                    choices=["ar", "ar_text", "spec", "spec_auto", "data"])
     ap.add_argument("--admission", nargs="+", default=["1", "auto"],
                     help="data mode: admission_batch values (auto: batch / 8, the data CLI's)")
     ap.add_argument("--samples-per-seat", type=int, default=4,

@@ -87,6 +87,41 @@ def test_every_chosen_width_is_a_bucket():
             pol.observe(seats, width, rng.integers(0, width, len(group)))
 
 
+def best_plan_by_enumeration(pol, seats):
+    """Every width and every number m of drafting sequences (the m with the highest expected
+    gain; ties to the lower index), scored one by one: the rate `choose` must maximise."""
+    b, expected, cost = len(seats), pol.expected_tokens(seats), pol._cost
+    best_rate, best = b / cost[1][b], (1, list(range(b)))
+    for w in pol.widths[1:]:
+        ranked = sorted(range(b), key=lambda i: (-expected[i, w - 1], i))
+        for m in range(1, b + 1):
+            rate = ((sum(expected[i, w - 1] for i in ranked[:m]) + (b - m))
+                    / (cost[w][m] + cost[1][b - m]))
+            if rate > best_rate * (1 + 1e-12):
+                best_rate, best = rate, (w, sorted(ranked[:m]))
+    return best_rate, best
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8, 29])
+def test_the_plan_is_the_best_width_and_split_by_enumeration(batch):
+    rng = np.random.default_rng(batch)
+    group = seqs(batch)
+    seats = np.arange(batch)
+    for per_token in (0.02, 0.08, 0.3):
+        pol = policy(linear_profile(per_token=per_token))
+        for _ in range(30):  # varied statistics: each sequence its own acceptance
+            pol.plan(group)
+            pol.observe(seats, BLOCK, rng.integers(0, BLOCK, batch) * rng.integers(0, 2, batch))
+        want_rate, (want_w, want_rows) = best_plan_by_enumeration(pol, seats)
+        width, rows = pol.choose(seats)
+        m = len(rows)
+        rate = ((pol.expected_tokens(seats)[rows, width - 1].sum() + batch - m)
+                / (pol._cost[width][m] + pol._cost[1][batch - m])) if width > 1 else \
+            batch / pol._cost[1][batch]
+        assert rate == pytest.approx(want_rate, rel=1e-9)
+        assert (width, list(rows)) == (want_w, want_rows)
+
+
 def test_a_new_request_on_a_seat_starts_from_the_global_estimate():
     pol = policy(linear_profile(per_token=0.15))
     old = seqs(2)

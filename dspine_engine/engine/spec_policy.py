@@ -85,9 +85,11 @@ class AutoPolicy:
         self.prior, self.prior_weight = prior, prior_weight
         self.global_weight, self.forget = global_weight, forget
         self.global_forget = global_forget
-        # cost[w][m]: predicted seconds of a round of m sequences at width w (m = 0..max).
+        # cost[w][m]: predicted seconds of a round of m sequences at width w (m = 0..max); the
+        # drafted widths' rows also as one array, so a plan scores every width at once.
         self._cost = {w: np.array([cost.cost(w, m) for m in range(max_batch + 1)])
                       for w in self.widths}
+        self._drafted_cost = np.stack([self._cost[w] for w in self.widths[1:]])
         self._base_interval = explore_interval
         self._interval = explore_interval
         self._max_interval = max_explore_interval
@@ -140,18 +142,20 @@ class AutoPolicy:
         """The round's width and the indices (into ``seats``) that verify at it; (1, all) when
         plain decoding is predicted fastest."""
         b = len(seats)
-        expected = self.expected_tokens(seats)
         plain_cost = self._cost[1]
         best_rate, best = b / plain_cost[b], (1, np.arange(b))
-        for w in self.widths[1:]:
-            gain = expected[:, w - 1]
-            order = np.argsort(-gain, kind="stable")
-            m = np.arange(1, b + 1)
-            tokens = np.cumsum(gain[order]) + (b - m)
-            rate = tokens / (self._cost[w][m] + plain_cost[b - m])
-            k = int(np.argmax(rate))
-            if rate[k] > best_rate:
-                best_rate, best = rate[k], (w, np.sort(order[:k + 1]))
+        # Column j: width widths[j + 1]; row m - 1: its m most promising sequences drafting, the
+        # rest decoding (one pass over all widths: the plan runs every round, on the host).
+        gain = self.expected_tokens(seats)[:, np.array(self.widths[1:]) - 1]
+        order = np.argsort(-gain, axis=0, kind="stable")
+        m = np.arange(1, b + 1)
+        tokens = np.cumsum(np.take_along_axis(gain, order, 0), axis=0) + (b - m)[:, None]
+        rate = tokens / (self._drafted_cost[:, m].T + plain_cost[b - m][:, None])
+        top = np.argmax(rate, axis=0)
+        for j, w in enumerate(self.widths[1:]):  # the narrowest width wins a tie
+            k = int(top[j])
+            if rate[k, j] > best_rate:
+                best_rate, best = rate[k, j], (w, np.sort(order[:k + 1, j]))
         return best
 
     def observe(self, seats: np.ndarray, width: int, accepted: np.ndarray) -> None:
