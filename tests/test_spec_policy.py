@@ -87,16 +87,25 @@ def test_every_chosen_width_is_a_bucket():
             pol.observe(seats, width, rng.integers(0, width, len(group)))
 
 
+def plan_rate(pol, seats, width, rows):
+    """Expected tokens per predicted second of a round where ``rows`` (indices into ``seats``)
+    verify ``width`` tokens and the others decode one."""
+    b, m = len(seats), len(rows)
+    if width == 1:
+        return b / pol._cost[1][b]
+    drafted = sum(pol.expected_tokens(seats)[i, width - 1] for i in rows)
+    return (drafted + b - m) / (pol._cost[width][m] + pol._cost[1][b - m])
+
+
 def best_plan_by_enumeration(pol, seats):
     """Every width and every number m of drafting sequences (the m with the highest expected
     gain; ties to the lower index), scored one by one: the rate `choose` must maximise."""
-    b, expected, cost = len(seats), pol.expected_tokens(seats), pol._cost
-    best_rate, best = b / cost[1][b], (1, list(range(b)))
+    b, expected = len(seats), pol.expected_tokens(seats)
+    best_rate, best = plan_rate(pol, seats, 1, range(b)), (1, list(range(b)))
     for w in pol.widths[1:]:
         ranked = sorted(range(b), key=lambda i: (-expected[i, w - 1], i))
         for m in range(1, b + 1):
-            rate = ((sum(expected[i, w - 1] for i in ranked[:m]) + (b - m))
-                    / (cost[w][m] + cost[1][b - m]))
+            rate = plan_rate(pol, seats, w, ranked[:m])
             if rate > best_rate * (1 + 1e-12):
                 best_rate, best = rate, (w, sorted(ranked[:m]))
     return best_rate, best
@@ -114,11 +123,7 @@ def test_the_plan_is_the_best_width_and_split_by_enumeration(batch):
             pol.observe(seats, BLOCK, rng.integers(0, BLOCK, batch) * rng.integers(0, 2, batch))
         want_rate, (want_w, want_rows) = best_plan_by_enumeration(pol, seats)
         width, rows = pol.choose(seats)
-        m = len(rows)
-        rate = ((pol.expected_tokens(seats)[rows, width - 1].sum() + batch - m)
-                / (pol._cost[width][m] + pol._cost[1][batch - m])) if width > 1 else \
-            batch / pol._cost[1][batch]
-        assert rate == pytest.approx(want_rate, rel=1e-9)
+        assert plan_rate(pol, seats, width, rows) == pytest.approx(want_rate, rel=1e-9)
         assert (width, list(rows)) == (want_w, want_rows)
 
 

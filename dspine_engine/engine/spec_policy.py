@@ -85,11 +85,12 @@ class AutoPolicy:
         self.prior, self.prior_weight = prior, prior_weight
         self.global_weight, self.forget = global_weight, forget
         self.global_forget = global_forget
-        # cost[w][m]: predicted seconds of a round of m sequences at width w (m = 0..max); the
-        # drafted widths' rows also as one array, so a plan scores every width at once.
-        self._cost = {w: np.array([cost.cost(w, m) for m in range(max_batch + 1)])
-                      for w in self.widths}
-        self._drafted_cost = np.stack([self._cost[w] for w in self.widths[1:]])
+        # One row per width of predicted seconds of a round of m sequences (m = 0..max);
+        # _cost[w] is width w's row, _drafted_cost the drafted widths' rows (one array, so a
+        # plan scores every width at once).
+        costs = np.array([[cost.cost(w, m) for m in range(max_batch + 1)] for w in self.widths])
+        self._cost = dict(zip(self.widths, costs))
+        self._drafted_cost = costs[1:]
         self._base_interval = explore_interval
         self._interval = explore_interval
         self._max_interval = max_explore_interval
