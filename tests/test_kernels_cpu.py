@@ -148,6 +148,30 @@ def test_block_rows_equal_decoding_them_one_by_one(dtype, n, context, window, is
         assert torch.equal(alone[0], block[i]), f"query {i} of {n}"
 
 
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """Tests here set torch's thread count (the kernels split work by it): each gets it back."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def assert_sequences_alone_equal_the_batch(q, kc, vc, bt, kl, cu, mq, q_lens, causal, window,
+                                           thread_counts):
+    """Each sequence's rows computed alone, on each of ``thread_counts`` threads, equal them
+    computed in the whole batch on 2 threads, bit for bit."""
+    torch.set_num_threads(2)
+    together = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, causal, window, 0.125)
+    for t in thread_counts:
+        torch.set_num_threads(t)
+        for b, n in enumerate(q_lens):
+            rows = slice(int(cu[b]), int(cu[b + 1]))
+            alone = ops.paged_attention(q[rows].clone(), kc, vc, bt[b:b + 1].clone(),
+                                        kl[b:b + 1].clone(), torch.tensor([0, n], dtype=torch.int32),
+                                        n, causal, window, 0.125)
+            assert torch.equal(alone, together[rows]), f"sequence {b}, {t} threads"
+
+
 @pytest.mark.parametrize("isa", ATTN_ISAS)
 def test_rows_do_not_depend_on_the_batch_or_the_threads(isa, monkeypatch):
     """A sequence's rows computed in a batch with others equal the sequence computed alone, on 1
@@ -156,20 +180,7 @@ def test_rows_do_not_depend_on_the_batch_or_the_threads(isa, monkeypatch):
     q_lens, kv_lens = [16, 1, 5, 16], [16 + 300, 200, 5, 16 + 40]
     q, kc, vc, bt, kl, cu, mq = attention_case(q_lens, kv_lens, 9, 3, 64, 16, torch.float32, DEV,
                                                seed=3)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        together = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125)
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            for b, n in enumerate(q_lens):
-                rows = slice(int(cu[b]), int(cu[b + 1]))
-                alone = ops.paged_attention(q[rows].clone(), kc, vc, bt[b:b + 1].clone(),
-                                            kl[b:b + 1].clone(), torch.tensor([0, n], dtype=torch.int32),
-                                            n, True, 0, 0.125)
-                assert torch.equal(alone, together[rows]), f"sequence {b}, {t} threads"
-    finally:
-        torch.set_num_threads(threads)
+    assert_sequences_alone_equal_the_batch(q, kc, vc, bt, kl, cu, mq, q_lens, True, 0, (1, 2))
 
 
 # Long rows: keys cut into segments of 256 at absolute positions (csrc/cpu/attention_segments.h),
@@ -206,14 +217,10 @@ def test_long_rows_match_the_reference_and_ignore_unseen_keys(case, dtype, tol, 
     q, kc, vc, bt, kl, cu, mq, causal, window = long_case(LONG_SHAPES[case], dtype, 40 + case)
     ref = ops.paged_attention_ref(q, kc, vc, bt, kl, cu, mq, causal, window, 0.125)
     kp, vp = poison_unseen_keys(kc, vc, bt, kv_lens, q_lens, 16, window)
-    threads = torch.get_num_threads()
-    try:
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            out = ops.paged_attention(q, kp, vp, bt, kl, cu, mq, causal, window, 0.125)
-            assert rel_err(out, ref) < tol, f"{t} threads"
-    finally:
-        torch.set_num_threads(threads)
+    for t in (1, 2):
+        torch.set_num_threads(t)
+        out = ops.paged_attention(q, kp, vp, bt, kl, cu, mq, causal, window, 0.125)
+        assert rel_err(out, ref) < tol, f"{t} threads"
 
 
 @pytest.mark.parametrize("isa", ATTN_ISAS)
@@ -225,20 +232,8 @@ def test_long_rows_do_not_depend_on_the_batch_or_the_threads(case, isa, monkeypa
     monkeypatch.setenv("DSPINE_CPU_ISA", isa)
     q_lens = LONG_SHAPES[case][0]
     q, kc, vc, bt, kl, cu, mq, causal, window = long_case(LONG_SHAPES[case], torch.float32, 60 + case)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        together = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, causal, window, 0.125)
-        for t in (1, 2, 1):
-            torch.set_num_threads(t)
-            for b, n in enumerate(q_lens):
-                rows = slice(int(cu[b]), int(cu[b + 1]))
-                alone = ops.paged_attention(q[rows].clone(), kc, vc, bt[b:b + 1].clone(),
-                                            kl[b:b + 1].clone(), torch.tensor([0, n], dtype=torch.int32),
-                                            n, causal, window, 0.125)
-                assert torch.equal(alone, together[rows]), f"sequence {b}, {t} threads"
-    finally:
-        torch.set_num_threads(threads)
+    assert_sequences_alone_equal_the_batch(q, kc, vc, bt, kl, cu, mq, q_lens, causal, window,
+                                           (1, 2, 1))
 
 
 @pytest.mark.parametrize("isa", ATTN_ISAS)
@@ -253,20 +248,16 @@ def test_long_block_rows_equal_decoding_them_one_by_one(dtype, n, context, windo
                                                seed=11 + n + window)
     if window > 0:
         bt = free_pages_outside_window(bt, [context + n], [n], 16, window)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, window, 0.125)
-        one = torch.tensor([0, 1], dtype=torch.int32)
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            for i in range(n):
-                alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt,
-                                            torch.tensor([context + i + 1], dtype=torch.int32), one,
-                                            1, True, window, 0.125)
-                assert torch.equal(alone[0], block[i]), f"query {i} of {n}, {t} threads"
-    finally:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(2)
+    block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, window, 0.125)
+    one = torch.tensor([0, 1], dtype=torch.int32)
+    for t in (1, 2):
+        torch.set_num_threads(t)
+        for i in range(n):
+            alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt,
+                                        torch.tensor([context + i + 1], dtype=torch.int32), one,
+                                        1, True, window, 0.125)
+            assert torch.equal(alone[0], block[i]), f"query {i} of {n}, {t} threads"
 
 
 @pytest.mark.parametrize("isa", ATTN_ISAS)
@@ -279,19 +270,15 @@ def test_a_seen_nan_reaches_the_output(poisoned, isa, monkeypatch):
     bad = 600  # segment 2; a window of 498 starts at 599, 600, 601, 602 for the 4 queries
     cache = kc if poisoned == "key" else vc
     cache[int(bt[0, bad // 16]), bad % 16] = float("nan")
-    threads = torch.get_num_threads()
-    try:
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            full = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125)
-            assert torch.isnan(full).all(), f"{t} threads"
-            decode = ops.paged_attention(q[:1].clone(), kc, vc, bt, kl - 3,
-                                         torch.tensor([0, 1], dtype=torch.int32), 1, True, 0, 0.125)
-            assert torch.isnan(decode).all(), f"{t} threads, decode"
-            windowed = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 498, 0.125)
-            assert torch.isnan(windowed[:2]).all() and torch.isfinite(windowed[2:]).all()
-    finally:
-        torch.set_num_threads(threads)
+    for t in (1, 2):
+        torch.set_num_threads(t)
+        full = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125)
+        assert torch.isnan(full).all(), f"{t} threads"
+        decode = ops.paged_attention(q[:1].clone(), kc, vc, bt, kl - 3,
+                                     torch.tensor([0, 1], dtype=torch.int32), 1, True, 0, 0.125)
+        assert torch.isnan(decode).all(), f"{t} threads, decode"
+        windowed = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 498, 0.125)
+        assert torch.isnan(windowed[:2]).all() and torch.isfinite(windowed[2:]).all()
 
 
 def test_paged_attention_rejects_bad_metadata():
