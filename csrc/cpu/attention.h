@@ -208,10 +208,9 @@ class PagedAttention {
   // some tile was split into its segments.
   bool plan(int threads) {
     const int64_t tile = query_tile(cu_q_, a_, threads);
-    int64_t& work = work_;
     for (int64_t b = 0; b < a_.batch; ++b) {
       const int64_t n = cu_q_[b + 1] - cu_q_[b], kv_len = kv_lens_[b];
-      work += n * kv_len * a_.q_heads * d_;
+      work_ += n * kv_len * a_.q_heads * d_;
       for (int64_t kvh = 0; kvh < a_.kv_heads; ++kvh)
         for (int64_t i0 = 0; i0 < n; i0 += tile) {
           const int64_t i1 = std::min(n, i0 + tile);
@@ -221,7 +220,7 @@ class PagedAttention {
           tiles_.push_back({b, kvh, i0, i1, first_segment(lo), end_segment(hi), -1});
         }
     }
-    const bool split = split_segments(static_cast<int64_t>(tiles_.size()), work, threads);
+    const bool split = split_segments(static_cast<int64_t>(tiles_.size()), work_, threads);
     int64_t part = 0;
     for (int64_t t = 0; t < static_cast<int64_t>(tiles_.size()); ++t) {
       Tile& tl = tiles_[t];
