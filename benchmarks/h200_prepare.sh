@@ -10,8 +10,27 @@
 #                    or more INIT_DIRS simply mean more parts)
 # and prints the device calls to make, back to back (each within 30 s of the last one's end).
 # Nothing here is committed: .whl/ and .stage*/ are ignored by git.
+#
+# SLIM=1: the shipped drafter's shards (38 MiB of the 43 MiB tree) travel in the payload instead
+# of with every call: they are taken out of git's index (still on disk, ignored through
+# .git/info/exclude) until `bash benchmarks/h200_prepare.sh restore`, and `stage N N` puts them
+# back into the device machine's tree. The GGUF + drafter then take 3 calls instead of 6. Commit
+# nothing between the two commands (the index would record the shards as deleted).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
+SHIPPED=dspine_engine/drafters/smollm2-135m-dspine
+EXCLUDE_LINE="/$SHIPPED/*.safetensors"
+if [ "${1:-}" = restore ]; then
+  git reset -q -- "$SHIPPED"
+  grep -vxF "$EXCLUDE_LINE" .git/info/exclude > .git/info/exclude.new || true
+  mv .git/info/exclude.new .git/info/exclude
+  git status --short -- "$SHIPPED"; echo "restored: $SHIPPED is tracked again"; exit 0
+fi
+if [ "${SLIM:-0}" = 1 ]; then
+  git rm -r --cached -q "$SHIPPED/*.safetensors"
+  grep -qxF "$EXCLUDE_LINE" .git/info/exclude || echo "$EXCLUDE_LINE" >> .git/info/exclude
+  INIT_DIRS="${INIT_DIRS:-} $SHIPPED"
+fi
 LIMIT_MIB=${LIMIT_MIB:-62}  # under the 64 MiB limit, with room for files made meanwhile
 GGUF=${DSPINE_SMOLLM2_GGUF:-$(python3 -c "from dspine_engine.models.default_model import default_gguf_path as p; print(p())" 2>/dev/null || true)}
 [ -f "$GGUF" ] || GGUF=$(ls ~/.cache/dspine_engine/gguf/*.gguf | head -1)
@@ -73,3 +92,5 @@ for d in ${INIT_DIRS:-}; do
 done
 echo " ${init} bash benchmarks/h200_session.sh fit   carry: nothing"
 echo "  bash benchmarks/h200_session.sh measure             carry: nothing"
+[ "${SLIM:-0}" = 1 ] && echo "after the stage calls, here: bash benchmarks/h200_prepare.sh restore"
+exit 0

@@ -14,6 +14,8 @@
 #               the generators (detached) for DATA_MIN minutes while the GPU tests and memcheck
 #               run beside them; rank 0 merges the shards.                           ~7.5 min
 #               DATA_TESTS=0: no tests beside them (a short call, tests already passed).
+#               Past CALL_S (540) seconds the call returns with the generators still running
+#               (detached); the fit call then waits for them first.
 #   fit         DSpine and its DFlash twin side by side (same batches; DDP over the GPUs),
 #               sized to FIT_MIN minutes, checkpoints chosen on the held-out set.   ~FIT_MIN+1
 #               TWIN=soft0 instead: the DSpine at SOFT, then the same DSpine at alpha 0 for
@@ -92,6 +94,10 @@ if [ "$MODE" = stage ]; then
     echo "$(cat $S/payload.sha256)  $S/payload.tar" | sha256sum -c - || { say "payload checksum failed"; exit 1; }
     tar -xf $S/payload.tar -C $S && rm $S/payload.tar $S/payload_part_*
     say "unpacked: $(cd $S && ls -d smollm2.gguf init/* 2>/dev/null | tr '\n' ' ')"
+    # A slim tree (h200_prepare.sh SLIM=1) left the shipped drafter's shards out: put them back.
+    shipped=$W/dspine_engine/drafters/smollm2-135m-dspine
+    [ -d $S/init/$(basename $shipped) ] && ! ls $shipped/*.safetensors >/dev/null 2>&1 &&
+      cp $S/init/$(basename $shipped)/*.safetensors $shipped/
   fi
   say "staged part $K of $N"; exit 0
 fi
@@ -136,6 +142,12 @@ profile_generator() {  # where one generator rank's host-bound step goes (py-spy
   say "profile rc $? ($(wc -l < $R/logs/generator_profile.txt 2>/dev/null) stacks)"
 }
 
+data_stats() {  # once the generators have ended: what they wrote, into data_stats.txt
+  while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
+  for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
+  say "data: $(head -1 $S/data_stats.txt)"
+}
+
 wait_build() {
   while [ ! -f $S/build.rc ]; do sleep 2; done
   say "build rc $(cat $S/build.rc)"; tail -3 $S/build.log
@@ -173,9 +185,15 @@ if [ "$MODE" = data ]; then
     -k "(paged_attention or walk or block_verify or injection or rope) and not outside_the_table" > $R/logs/memcheck.log 2>&1
   say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
   quant_cpu_tests; }
-  while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
-  for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
-  say "data: $(head -1 $S/data_stats.txt)"; pack; exit 0
+  # A call may run 10 minutes: past CALL_S of this script the call returns and the generators
+  # (detached) go on; `fit` waits for them. A call cut at its limit brings nothing back.
+  while pgrep -f "cli.train data" >/dev/null; do
+    if [ $(( $(date +%s) - t0 )) -gt ${CALL_S:-540} ]; then
+      say "generators still running; the fit call waits for them"; pack; exit 0
+    fi
+    sleep 2
+  done
+  data_stats; pack; exit 0
 fi
 
 if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the CPU's own ISA
@@ -203,6 +221,7 @@ fi
 
 if [ "$MODE" = fit ]; then
   sync_tree; cd $W
+  [ -f $S/data_stats.txt ] || data_stats  # the data call returned before its generators ended
   # A twin continues a pair: its DSpine half is the shipped drafter unless INIT_DRAFT says otherwise.
   [ -n "${INIT_TWIN:-}" ] && INIT_DRAFT=${INIT_DRAFT:-$W/dspine_engine/drafters/smollm2-135m-dspine}
   init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
