@@ -83,13 +83,12 @@ def stubbed_forwards(accepted: int):
         return (torch.zeros(b, j, dtype=torch.long), torch.zeros(b, j, k, dtype=torch.long),
                 torch.ones(b, j, k))
 
-    def block_verify(logits, drafts, cand_ids, cand_probs, temps, top_k, top_p, u, seq_lens):
+    def block_verify(logits, drafts, cand_ids, cand_probs, temps, top_k, top_p, u):
         b, t = logits.shape[:2]
         n = min(accepted, t - 1)
         out = torch.full((b, t), -1, dtype=torch.long)
         out[:, :n + 1] = TOKEN  # accepted drafts + bonus
-        acc = torch.full((b,), n, dtype=torch.int32)
-        return acc, out, seq_lens + acc + 1
+        return torch.full((b,), n, dtype=torch.int32), out
 
     TargetModel.forward, DSpineDraft.propose = target_forward, propose
     DSpineDraft.ingest_context = lambda self, *a, **k: None
@@ -107,12 +106,12 @@ def ending_answers(eos: int, seed: int = 0):
     saved = ops.block_verify
     gen = torch.Generator().manual_seed(seed)
 
-    def block_verify(logits, drafts, cand_ids, cand_probs, temps, top_k, top_p, u, seq_lens):
+    def block_verify(logits, drafts, cand_ids, cand_probs, temps, top_k, top_p, u):
         b, t = logits.shape[:2]
         out = torch.full((b, t), -1, dtype=torch.long)
         ends = torch.rand(b, generator=gen) < DATA_END
         out[:, 0] = torch.where(ends, eos, torch.randint(10, 1000, (b,), generator=gen))
-        return torch.zeros(b, dtype=torch.int32), out, seq_lens + 1
+        return torch.zeros(b, dtype=torch.int32), out
 
     ops.block_verify = block_verify
     try:

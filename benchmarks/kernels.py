@@ -354,7 +354,6 @@ def bench_sampling(timer: Timer, ceilings: dict) -> list[dict]:
     cand_ids[..., 0] = draft
     cand_probs = torch.softmax(torch.randn(batch, block - 1, k, **dev), -1)
     u_v = torch.rand(batch, block, **dev)
-    seq_lens = torch.full((batch,), 1000, dtype=torch.int32, **dev)
     verify_bytes = logits_v.numel() * 2
     for name, temp, top_k, top_p in (("greedy", 0.0, 0, 1.0), ("sampled T=1", 1.0, 0, 1.0),
                                      ("sampled top-k 50", 1.0, 50, 1.0), ("sampled top-p 0.9", 1.0, 0, 0.9),
@@ -362,7 +361,7 @@ def bench_sampling(timer: Timer, ceilings: dict) -> list[dict]:
         t = torch.full((batch,), temp, **dev)
         tk = torch.full((batch,), top_k, dtype=torch.int32, **dev)
         tp = torch.full((batch,), top_p, **dev)
-        us = timer(lambda: ops.block_verify(logits_v, draft, cand_ids, cand_probs, t, tk, tp, u_v, seq_lens))
+        us = timer(lambda: ops.block_verify(logits_v, draft, cand_ids, cand_probs, t, tk, tp, u_v))
         rows.append({"op": "block_verify", "variant": name, "us": us, "GBps": verify_bytes / us / 1e3,
                      "frac_bw": verify_bytes / us / 1e3 / ceilings["copy_GBps"], "goal_us": 50.0})
     rows.append({"op": "torch.argmax (reference point)", "variant": "",

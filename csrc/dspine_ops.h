@@ -1,61 +1,23 @@
-// The ops of dspine_engine, as torch sees them. Each has a CPU entry point (csrc/cpu) and, when
-// built with CUDA, a CUDA entry point (csrc/cuda); ops.cpp registers both under one schema, so
+// The ops of dspine_engine, as torch sees them (the table: op_table.h). Each has a CPU entry point
+// (csrc/cpu) and, when built with CUDA, a CUDA entry point (csrc/cuda); ops.cpp registers both under one schema, so
 // `torch.ops.dspine.<name>` dispatches on the device of its inputs. Semantics: dspine_engine/ops.py.
 #pragma once
 
 #include <torch/all.h>
 
-#include <tuple>
+#include "op_table.h"
 
 namespace dspine {
 
-#define DSPINE_DECLARE_OPS(ns)                                                                   \
-  namespace ns {                                                                                \
-  at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);               \
-  std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x,                           \
-                                                  const at::Tensor& residual,                    \
-                                                  const at::Tensor& weight, double eps);         \
-  at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin);  \
-  void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,           \
-                const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,             \
-                const at::Tensor& slots);                                                        \
-  at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache,                     \
-                             const at::Tensor& v_cache, const at::Tensor& block_tables,          \
-                             const at::Tensor& kv_lens, const at::Tensor& cu_q,                  \
-                             int64_t max_q_len, bool causal, int64_t window, double scale);      \
-  at::Tensor fused_injection(const at::Tensor& h, const at::Tensor& gate_h,                      \
-                             const at::Tensor& fproj);                                           \
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(                                \
-      const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,               \
-      const at::Tensor& succ_table, const at::Tensor& anchor, int64_t top_k,                     \
-      const at::Tensor& temperature, const at::Tensor& uniforms);                                \
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify(                                   \
-      const at::Tensor& logits, const at::Tensor& draft_tokens, const at::Tensor& cand_ids,      \
-      const at::Tensor& cand_probs, const at::Tensor& temperature, const at::Tensor& top_k,      \
-      const at::Tensor& top_p, const at::Tensor& uniforms, const at::Tensor& seq_lens);          \
-  at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight, at::Tensor& conv_state, \
-                           const at::Tensor& state_slots, const at::Tensor& cu_q,                \
-                           int64_t max_q_len, bool checkpoint);                                  \
-  void conv_state_commit(at::Tensor& conv_state, const at::Tensor& state_slots,                  \
-                         const at::Tensor& num_accepted, int64_t kernel_size);                   \
-  at::Tensor gated_delta_recurrent(                                                              \
-      const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,        \
-      const at::Tensor& b, const at::Tensor& a_log, const at::Tensor& dt_bias, at::Tensor& state, \
-      const at::Tensor& state_slots, const at::Tensor& cu_q, int64_t max_q_len,                  \
-      at::Tensor& ring_k, at::Tensor& ring_u, at::Tensor& ring_g, at::Tensor& states_out);       \
-  void gated_delta_replay(at::Tensor& state, const at::Tensor& ring_k, const at::Tensor& ring_u, \
-                          const at::Tensor& ring_g, const at::Tensor& state_slots,               \
-                          const at::Tensor& num_accepted);                                       \
-  at::Tensor gated_delta_chunk(                                                                  \
-      const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,        \
-      const at::Tensor& b, const at::Tensor& a_log, const at::Tensor& dt_bias, at::Tensor& state, \
-      const at::Tensor& state_slots, const at::Tensor& cu_q, int64_t max_q_len);                 \
-  }
-
-DSPINE_DECLARE_OPS(cpu)
-DSPINE_DECLARE_OPS(cuda)
-
-#undef DSPINE_DECLARE_OPS
+// Each op's entry point per backend, from the one table (op_table.h).
+#define DSPINE_DECLARE_OP(name, ret, params, schema) ret name params;
+namespace cpu {
+DSPINE_OPS(DSPINE_DECLARE_OP)
+}  // namespace cpu
+namespace cuda {
+DSPINE_OPS(DSPINE_DECLARE_OP)
+}  // namespace cuda
+#undef DSPINE_DECLARE_OP
 
 // Argument checks shared by both backends: they turn misuse into a readable Python error.
 void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -64,8 +26,7 @@ void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const 
 void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,
                        const at::Tensor& cand_ids, const at::Tensor& cand_probs,
                        const at::Tensor& temperature, const at::Tensor& top_k,
-                       const at::Tensor& top_p, const at::Tensor& uniforms,
-                       const at::Tensor& seq_lens);
+                       const at::Tensor& top_p, const at::Tensor& uniforms);
 // Shared by the norm / RoPE / KV-write bindings of both backends.
 void check_norm_rows(const at::Tensor& x, const at::Tensor& w, const char* name);
 void check_rope_table(const at::Tensor& positions, const at::Tensor& cos_sin, int64_t n, int64_t d);

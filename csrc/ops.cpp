@@ -1,4 +1,5 @@
-// Schemas of torch.ops.dspine.*, their CPU/CUDA registrations and the Python module.
+// Schemas of torch.ops.dspine.* and their CPU/CUDA registrations (from op_table.h), the shared
+// argument checks and the Python module.
 #include <torch/extension.h>
 
 #include "dspine_ops.h"
@@ -27,8 +28,7 @@ void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const 
 void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,
                        const at::Tensor& cand_ids, const at::Tensor& cand_probs,
                        const at::Tensor& temperature, const at::Tensor& top_k,
-                       const at::Tensor& top_p, const at::Tensor& uniforms,
-                       const at::Tensor& seq_lens) {
+                       const at::Tensor& top_p, const at::Tensor& uniforms) {
   TORCH_CHECK(logits.dim() == 3 && logits.size(1) >= 1, "block_verify: logits must be [batch, T, vocab]");
   const auto b = logits.size(0), t = logits.size(1);
   TORCH_CHECK(draft_tokens.dim() == 2 && draft_tokens.size(0) == b && draft_tokens.size(1) == t - 1 &&
@@ -44,7 +44,6 @@ void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,
   TORCH_CHECK(top_p.numel() == b && top_p.scalar_type() == at::kFloat, "block_verify: top_p must be fp32 [batch]");
   TORCH_CHECK(uniforms.dim() == 2 && uniforms.size(0) == b && uniforms.size(1) == t && uniforms.scalar_type() == at::kFloat,
               "block_verify: uniforms must be fp32 [batch, T]");
-  TORCH_CHECK(seq_lens.numel() == b && seq_lens.scalar_type() == at::kInt, "block_verify: seq_lens must be int32 [batch]");
 }
 
 void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,
@@ -120,52 +119,23 @@ void check_injection_args(const at::Tensor& h, const at::Tensor& gate_h, const a
 }  // namespace dspine
 
 TORCH_LIBRARY(dspine, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
-  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
-  m.def("rope(Tensor x, Tensor positions, Tensor cos_sin) -> Tensor");
-  m.def("write_kv(Tensor k, Tensor v, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, "
-        "Tensor(b!) v_cache, Tensor slots) -> ()");
-  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor kv_lens, Tensor cu_q, int max_q_len, bool causal, int window, float scale) -> Tensor");
-  m.def("fused_injection(Tensor h, Tensor gate_h, Tensor fproj) -> Tensor");
-  m.def("transition_walk(Tensor logits, Tensor g, Tensor pred_table, Tensor succ_table, "
-        "Tensor anchor, int top_k, Tensor temperature, Tensor uniforms) -> (Tensor, Tensor, Tensor)");
-  m.def("block_verify(Tensor logits, Tensor draft_tokens, Tensor cand_ids, Tensor cand_probs, "
-        "Tensor temperature, Tensor top_k, Tensor top_p, Tensor uniforms, Tensor seq_lens) "
-        "-> (Tensor, Tensor, Tensor)");
-  m.def("causal_conv1d(Tensor x, Tensor weight, Tensor(s!) conv_state, Tensor state_slots, "
-        "Tensor cu_q, int max_q_len, bool checkpoint) -> Tensor");
-  m.def("conv_state_commit(Tensor(s!) conv_state, Tensor state_slots, Tensor num_accepted, "
-        "int kernel_size) -> ()");
-  m.def("gated_delta_recurrent(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, "
-        "Tensor dt_bias, Tensor(s!) state, Tensor state_slots, Tensor cu_q, int max_q_len, "
-        "Tensor(rk!) ring_k, Tensor(ru!) ring_u, Tensor(rg!) ring_g, Tensor(so!) states_out) -> Tensor");
-  m.def("gated_delta_replay(Tensor(s!) state, Tensor ring_k, Tensor ring_u, Tensor ring_g, "
-        "Tensor state_slots, Tensor num_accepted) -> ()");
-  m.def("gated_delta_chunk(Tensor q, Tensor k, Tensor v, Tensor a, Tensor b, Tensor A_log, "
-        "Tensor dt_bias, Tensor(s!) state, Tensor state_slots, Tensor cu_q, int max_q_len) -> Tensor");
+#define DSPINE_DEFINE_OP(name, ret, params, schema) m.def(#name schema);
+  DSPINE_OPS(DSPINE_DEFINE_OP)
+#undef DSPINE_DEFINE_OP
 }
 
-#define DSPINE_REGISTER_BACKEND(ns, KEY)                 \
-  TORCH_LIBRARY_IMPL(dspine, KEY, m) {                   \
-    m.impl("rms_norm", &dspine::ns::rms_norm);           \
-    m.impl("add_rms_norm", &dspine::ns::add_rms_norm);   \
-    m.impl("rope", &dspine::ns::rope);                   \
-    m.impl("write_kv", &dspine::ns::write_kv);           \
-    m.impl("paged_attention", &dspine::ns::paged_attention); \
-    m.impl("fused_injection", &dspine::ns::fused_injection); \
-    m.impl("transition_walk", &dspine::ns::transition_walk); \
-    m.impl("block_verify", &dspine::ns::block_verify);   \
-    m.impl("causal_conv1d", &dspine::ns::causal_conv1d); \
-    m.impl("conv_state_commit", &dspine::ns::conv_state_commit); \
-    m.impl("gated_delta_recurrent", &dspine::ns::gated_delta_recurrent); \
-    m.impl("gated_delta_replay", &dspine::ns::gated_delta_replay); \
-    m.impl("gated_delta_chunk", &dspine::ns::gated_delta_chunk); \
-  }
+TORCH_LIBRARY_IMPL(dspine, CPU, m) {
+#define DSPINE_IMPL_CPU(name, ...) m.impl(#name, &dspine::cpu::name);
+  DSPINE_OPS(DSPINE_IMPL_CPU)
+#undef DSPINE_IMPL_CPU
+}
 
-DSPINE_REGISTER_BACKEND(cpu, CPU)
 #ifdef DSPINE_WITH_CUDA
-DSPINE_REGISTER_BACKEND(cuda, CUDA)
+TORCH_LIBRARY_IMPL(dspine, CUDA, m) {
+#define DSPINE_IMPL_CUDA(name, ...) m.impl(#name, &dspine::cuda::name);
+  DSPINE_OPS(DSPINE_IMPL_CUDA)
+#undef DSPINE_IMPL_CUDA
+}
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

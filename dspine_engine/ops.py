@@ -315,7 +315,7 @@ def transition_walk_ref(logits, g, pred_table, succ_table, anchor, top_k, temper
 # --------------------------------------------------------------------------------------------
 
 def block_verify(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p,
-                 uniforms, seq_lens):
+                 uniforms):
     """Verifies every block of the batch and picks the bonus token, in one launch.
 
     ``logits [b, T, V]``: target logits at the block's positions (row j predicts the token
@@ -327,15 +327,14 @@ def block_verify(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k,
     ``uniforms[j] * q_j(d_j) < p_j(d_j)``; at the first rejection sample the residual
     ``max(0, p_j - q_j)`` (p_j if the residual is all zero) and stop; if all are accepted sample
     p_{T-1}. The final sample uses ``uniforms[T-1]`` by inverse CDF.
-    Returns ``accept_len [b]`` int32 (drafts accepted), ``out_tokens [b, T]`` int64 (accepted
-    drafts, then the bonus at index accept_len, then -1) and ``new_seq_lens = seq_lens +
-    accept_len + 1``."""
+    Returns ``accept_len [b]`` int32 (drafts accepted) and ``out_tokens [b, T]`` int64
+    (accepted drafts, then the bonus at index accept_len, then -1)."""
     return _ops.block_verify(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k,
-                             top_p, uniforms, seq_lens)
+                             top_p, uniforms)
 
 
 def block_verify_ref(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p,
-                     uniforms, seq_lens):
+                     uniforms):
     b, t_len, _ = logits.shape
     accept = torch.zeros(b, dtype=torch.int32)
     out = torch.full((b, t_len), -1, dtype=torch.long)
@@ -370,7 +369,7 @@ def block_verify_ref(logits, draft_tokens, cand_ids, cand_probs, temperature, to
         out[i, n] = bonus
         accept[i] = n
     dev = logits.device
-    return accept.to(dev), out.to(dev), (seq_lens.cpu() + accept + 1).to(torch.int32).to(dev)
+    return accept.to(dev), out.to(dev)
 
 
 # --------------------------------------------------------------------------------------------
@@ -726,10 +725,9 @@ def _register_fakes() -> None:
                 logits.new_empty(b, j, top_k, dtype=torch.float32))
 
     @reg(lib + "block_verify")
-    def _(logits, d, ci, cp, temp, tk, tp, u, sl):
+    def _(logits, d, ci, cp, temp, tk, tp, u):
         b, t = logits.shape[:2]
-        return (logits.new_empty(b, dtype=torch.int32), logits.new_empty(b, t, dtype=torch.long),
-                logits.new_empty(b, dtype=torch.int32))
+        return logits.new_empty(b, dtype=torch.int32), logits.new_empty(b, t, dtype=torch.long)
 
     @reg(lib + "quant_matmul")
     def _(x, weight, format, out_features):

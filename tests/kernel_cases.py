@@ -86,8 +86,7 @@ def verify_case(batch, t_len, vocab, cand, device, seed, temperatures, dtype=tor
     top_p = torch.tensor([random.Random(seed * 11 + b).choice([1.0, 1.0, 0.9, 0.5])
                           for b in range(batch)], dtype=torch.float32)
     uniforms = torch.rand(batch, t_len, generator=gen)
-    seq_lens = torch.randint(1, 1000, (batch,), generator=gen, dtype=torch.int32)
-    args = (logits.to(dtype), draft, cand_ids, cand_probs, temp, top_k, top_p, uniforms, seq_lens)
+    args = (logits.to(dtype), draft, cand_ids, cand_probs, temp, top_k, top_p, uniforms)
     return tuple(a.to(device) for a in args)
 
 

@@ -151,15 +151,14 @@ def test_the_statistical_test_catches_a_wrong_residual(tiny, monkeypatch):
 
     correct = ops.block_verify
 
-    def wrong_residual(logits, drafts, cand_ids, cand_probs, temp, top_k, top_p, u, lens):
-        accept, out, new = correct(logits, drafts, cand_ids, cand_probs, temp, top_k,
-                                            top_p, u, lens)
+    def wrong_residual(logits, drafts, cand_ids, cand_probs, temp, top_k, top_p, u):
+        accept, out = correct(logits, drafts, cand_ids, cand_probs, temp, top_k, top_p, u)
         for b in range(logits.shape[0]):  # redo the final sample from p at the stop position
             n = int(accept[b])
             p = ops.sampling_probs_ref(logits[b, n], float(temp[b]), int(top_k[b]),
                                        float(top_p[b]))
             out[b, n] = ops._sample_index(p, float(u[b, -1]))
-        return accept, out, new
+        return accept, out
 
     ar = Engine(tiny, progress=False, max_num_seqs=512)
     spec = Engine(tiny, draft=tiny / "draft", progress=False, max_num_seqs=512)

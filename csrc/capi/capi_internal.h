@@ -161,12 +161,10 @@ inline bool verify_has_work(const char* op, int64_t batch, int64_t block, int64_
 
 inline void require_verify_ptrs(const char* op, const void* logits, const void* draft_tokens, const void* cand_ids,
                                 const void* cand_probs, const void* temperature, const void* top_k,
-                                const void* top_p, const void* uniforms, const void* seq_lens,
-                                const void* accept_len, const void* out_tokens, const void* new_seq_lens,
-                                int64_t block, int64_t cand) {
+                                const void* top_p, const void* uniforms, const void* accept_len,
+                                const void* out_tokens, int64_t block, int64_t cand) {
   require_ptrs(op, {{logits, "logits"}, {temperature, "temperature"}, {top_k, "top_k"}, {top_p, "top_p"},
-                    {uniforms, "uniforms"}, {seq_lens, "seq_lens"}, {accept_len, "accept_len"},
-                    {out_tokens, "out_tokens"}, {new_seq_lens, "new_seq_lens"}});
+                    {uniforms, "uniforms"}, {accept_len, "accept_len"}, {out_tokens, "out_tokens"}});
   if (block > 1) require_ptr(draft_tokens, op, "draft_tokens");
   if (block > 1 && cand > 0) require_ptrs(op, {{cand_ids, "cand_ids"}, {cand_probs, "cand_probs"}});
 }

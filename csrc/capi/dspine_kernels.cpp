@@ -204,18 +204,18 @@ dspine_status dspine_cpu_transition_walk_f32(const float* logits, const float* g
 
 dspine_status dspine_cpu_block_verify_f32(const float* logits, const int64_t* draft_tokens, const int64_t* cand_ids,
                                           const float* cand_probs, const float* temperature, const int32_t* top_k,
-                                          const float* top_p, const float* uniforms, const int32_t* seq_lens,
-                                          int32_t* accept_len, int64_t* out_tokens, int32_t* new_seq_lens,
-                                          int64_t batch, int64_t block, int64_t vocab, int64_t cand) {
+                                          const float* top_p, const float* uniforms, int32_t* accept_len,
+                                          int64_t* out_tokens, int64_t batch, int64_t block, int64_t vocab,
+                                          int64_t cand) {
   return guarded([&] {
     const char* op = "block_verify";
     if (!verify_has_work(op, batch, block, vocab, cand)) return;
-    require_verify_ptrs(op, logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p, uniforms, seq_lens,
-                        accept_len, out_tokens, new_seq_lens, block, cand);
+    require_verify_ptrs(op, logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p, uniforms,
+                        accept_len, out_tokens, block, cand);
     if (block > 1) check_verify_ids(draft_tokens, cand_ids, temperature, batch, block - 1, vocab, cand);
     const dspine::cpu::VerifyArgs a{batch, block, vocab, cand};
     dspine::cpu::block_verify<float>(logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p, uniforms,
-                                     seq_lens, accept_len, out_tokens, new_seq_lens, a);
+                                     accept_len, out_tokens, a);
   });
 }
 

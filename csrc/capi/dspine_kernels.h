@@ -153,7 +153,7 @@ DSPINE_API dspine_status dspine_cpu_transition_walk_f32(
 /* Verifies every block and picks the bonus token. logits [batch, block, vocab] (row j predicts
  * the token after block token j); draft_tokens [batch, block-1]; the draft distribution is
  * sparse: cand_ids / cand_probs [batch, block-1, cand] (a point-mass draft is cand = 1, prob 1).
- * temperature, top_k (<= 0: off), top_p (>= 1: off) and seq_lens are per sequence [batch];
+ * temperature, top_k (<= 0: off) and top_p (>= 1: off) are per sequence [batch];
  * uniforms [batch, block].
  * Greedy rows (temperature <= 0): accept d_j while d_j == argmax (first maximal id); the bonus
  * is the argmax at the first rejected row. Sampled rows: p_j = softmax(logits/T) filtered by
@@ -162,12 +162,12 @@ DSPINE_API dspine_status dspine_cpu_transition_walk_f32(
  * CDF with uniforms[block-1]. For sampled rows every draft and candidate id must be in
  * [0, vocab); greedy rows never index with them.
  * Outputs: accept_len [batch]; out_tokens [batch, block] (accepted drafts, the bonus at index
- * accept_len, then -1); new_seq_lens = seq_lens + accept_len + 1. */
+ * accept_len, then -1). A sequence's new length is its old one + accept_len + 1. */
 DSPINE_API dspine_status dspine_cpu_block_verify_f32(
     const float* logits, const int64_t* draft_tokens, const int64_t* cand_ids,
     const float* cand_probs, const float* temperature, const int32_t* top_k, const float* top_p,
-    const float* uniforms, const int32_t* seq_lens, int32_t* accept_len, int64_t* out_tokens,
-    int32_t* new_seq_lens, int64_t batch, int64_t block, int64_t vocab, int64_t cand);
+    const float* uniforms, int32_t* accept_len, int64_t* out_tokens, int64_t batch, int64_t block,
+    int64_t vocab, int64_t cand);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -195,10 +195,7 @@ dspine_status dspine_cuda_paged_attention_f32(const float* q, const float* k_cac
     const bool mma = dspine::gpu::attention_uses_mma(false, p.head_dim);
     p.num_splits = mma ? dspine::gpu::attention_num_splits(p, device_attribute(cudaDevAttrMultiProcessorCount, op)) : 1;
     StreamScratch scratch(dspine::gpu::attention_workspace_floats(p) * sizeof(float), stream, op);
-    if (p.num_splits > 1) {
-      p.partial_o = reinterpret_cast<float*>(scratch.bytes());
-      p.partial_ml = p.partial_o + static_cast<int64_t>(p.num_splits) * p.num_tokens * p.q_heads * p.head_dim;
-    }
+    if (p.num_splits > 1) dspine::gpu::bind_attention_workspace(p, reinterpret_cast<float*>(scratch.bytes()));
     dspine::gpu::launch_paged_attention<float>(p, stream);
     check_launch(op);
   });
@@ -271,15 +268,14 @@ dspine_status dspine_cuda_transition_walk_f32(const float* logits, const float* 
 
 dspine_status dspine_cuda_block_verify_f32(const float* logits, const int64_t* draft_tokens, const int64_t* cand_ids,
                                            const float* cand_probs, const float* temperature, const int32_t* top_k,
-                                           const float* top_p, const float* uniforms, const int32_t* seq_lens,
-                                           int32_t* accept_len, int64_t* out_tokens, int32_t* new_seq_lens,
-                                           int64_t batch, int64_t block, int64_t vocab, int64_t cand,
-                                           dspine_cuda_stream stream) {
+                                           const float* top_p, const float* uniforms, int32_t* accept_len,
+                                           int64_t* out_tokens, int64_t batch, int64_t block, int64_t vocab,
+                                           int64_t cand, dspine_cuda_stream stream) {
   return guarded([&] {
     const char* op = "cuda block_verify";
     if (!verify_has_work(op, batch, block, vocab, cand)) return;
-    require_verify_ptrs(op, logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p, uniforms, seq_lens,
-                        accept_len, out_tokens, new_seq_lens, block, cand);
+    require_verify_ptrs(op, logits, draft_tokens, cand_ids, cand_probs, temperature, top_k, top_p, uniforms,
+                        accept_len, out_tokens, block, cand);
     require_int(vocab, op, "vocab");
     require_int(cand, op, "cand");
     require_int(batch * block, op, "batch * block");
@@ -303,10 +299,8 @@ dspine_status dspine_cuda_block_verify_f32(const float* logits, const int64_t* d
     p.top_k = top_k;
     p.top_p = top_p;
     p.uniforms = uniforms;
-    p.seq_lens = seq_lens;
     p.accept_len = accept_len;
     p.out_tokens = out_tokens;
-    p.new_seq_lens = new_seq_lens;
     p.rows = reinterpret_cast<VerifyRow*>(scratch.bytes());
     p.chunk_mass = reinterpret_cast<double*>(scratch.bytes() + rows_bytes);
     p.arrivals = arrivals;

@@ -76,9 +76,8 @@ DSPINE_API dspine_status dspine_cuda_transition_walk_f32(
 DSPINE_API dspine_status dspine_cuda_block_verify_f32(
     const float* logits, const int64_t* draft_tokens, const int64_t* cand_ids,
     const float* cand_probs, const float* temperature, const int32_t* top_k, const float* top_p,
-    const float* uniforms, const int32_t* seq_lens, int32_t* accept_len, int64_t* out_tokens,
-    int32_t* new_seq_lens, int64_t batch, int64_t block, int64_t vocab, int64_t cand,
-    dspine_cuda_stream stream);
+    const float* uniforms, int32_t* accept_len, int64_t* out_tokens, int64_t batch, int64_t block,
+    int64_t vocab, int64_t cand, dspine_cuda_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

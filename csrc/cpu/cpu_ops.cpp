@@ -147,26 +147,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   return {tokens, cand_ids, cand_probs};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify(
+std::tuple<at::Tensor, at::Tensor> block_verify(
     const at::Tensor& logits_in, const at::Tensor& draft_in, const at::Tensor& cid_in, const at::Tensor& cp_in,
-    const at::Tensor& temp_in, const at::Tensor& tk_in, const at::Tensor& tp_in, const at::Tensor& u_in,
-    const at::Tensor& sl_in) {
-  check_verify_args(logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in, sl_in);
+    const at::Tensor& temp_in, const at::Tensor& tk_in, const at::Tensor& tp_in, const at::Tensor& u_in) {
+  check_verify_args(logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in);
   auto logits = logits_in.contiguous(), draft = draft_in.contiguous(), cid = cid_in.contiguous(),
        cp = cp_in.contiguous(), temp = temp_in.contiguous(), tk = tk_in.contiguous(), tp = tp_in.contiguous(),
-       u = u_in.contiguous(), sl = sl_in.contiguous();
+       u = u_in.contiguous();
   const int64_t b = logits.size(0), t = logits.size(1), v = logits.size(2);
   auto accept = at::empty({b}, logits.options().dtype(at::kInt));
   auto out = at::empty({b, t}, logits.options().dtype(at::kLong));
-  auto new_lens = at::empty({b}, logits.options().dtype(at::kInt));
   VerifyArgs a{b, t, v, cid.size(2)};
   DSPINE_DISPATCH_FLOATS(logits.scalar_type(), "block_verify", [&] {
     cpu::block_verify<scalar_t>(logits.data_ptr<scalar_t>(), draft.data_ptr<int64_t>(), cid.data_ptr<int64_t>(),
                                 cp.data_ptr<float>(), temp.data_ptr<float>(), tk.data_ptr<int32_t>(),
-                                tp.data_ptr<float>(), u.data_ptr<float>(), sl.data_ptr<int32_t>(),
-                                accept.data_ptr<int32_t>(), out.data_ptr<int64_t>(), new_lens.data_ptr<int32_t>(), a);
+                                tp.data_ptr<float>(), u.data_ptr<float>(), accept.data_ptr<int32_t>(),
+                                out.data_ptr<int64_t>(), a);
   });
-  return {accept, out, new_lens};
+  return {accept, out};
 }
 
 }  // namespace cpu

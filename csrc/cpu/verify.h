@@ -15,9 +15,8 @@ struct VerifyArgs {
 template <typename T>
 void block_verify(const T* logits, const int64_t* draft_tokens, const int64_t* cand_ids,
                   const float* cand_probs, const float* temperature, const int32_t* top_k,
-                  const float* top_p, const float* uniforms, const int32_t* seq_lens,
-                  int32_t* accept_len, int64_t* out_tokens, int32_t* new_seq_lens,
-                  const VerifyArgs& a) {
+                  const float* top_p, const float* uniforms, int32_t* accept_len,
+                  int64_t* out_tokens, const VerifyArgs& a) {
   const int64_t Tn = a.block, V = a.vocab, K = a.cand;
   parallel_for(a.batch, [&](int64_t b) {
     const float t = temperature[b];
@@ -55,7 +54,6 @@ void block_verify(const T* logits, const int64_t* draft_tokens, const int64_t* c
     }
     out[n] = bonus;
     accept_len[b] = static_cast<int32_t>(n);
-    new_seq_lens[b] = seq_lens[b] + static_cast<int32_t>(n) + 1;
   });
 }
 

@@ -517,6 +517,13 @@ inline int64_t attention_workspace_floats(const PagedAttentionParams& p) {
   return static_cast<int64_t>(p.num_splits) * p.num_tokens * p.q_heads * (p.head_dim + 2);
 }
 
+// The workspace's one layout (every caller binds it here): the partial outputs
+// [splits][tokens][q_heads][head_dim], then each partial row's (max, sum) pair.
+inline void bind_attention_workspace(PagedAttentionParams& p, float* workspace) {
+  p.partial_o = workspace;
+  p.partial_ml = workspace + static_cast<int64_t>(p.num_splits) * p.num_tokens * p.q_heads * p.head_dim;
+}
+
 template <typename T, int D>
 void launch_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   using C = MmaTile<T, D>;
@@ -537,8 +544,8 @@ void launch_attention_simt(const PagedAttentionParams& p, cudaStream_t stream) {
   paged_attention_simt_kernel<T><<<static_cast<unsigned>(ceil_div(warps, 4)), 128, 0, stream>>>(p);
 }
 
-// p.partial_o / partial_ml must hold attention_workspace_floats(p) floats when num_splits > 1
-// (partial_ml = partial_o + num_splits * num_tokens * q_heads * head_dim).
+// When num_splits > 1, bind_attention_workspace(p, w) must have given p a workspace w of
+// attention_workspace_floats(p) floats.
 template <typename T>
 void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.batch == 0 || p.max_q_len <= 0) return;

@@ -61,8 +61,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   at::Tensor workspace;
   if (p.num_splits > 1) {
     workspace = at::empty({gpu::attention_workspace_floats(p)}, q.options().dtype(at::kFloat));
-    p.partial_o = workspace.data_ptr<float>();
-    p.partial_ml = p.partial_o + static_cast<int64_t>(p.num_splits) * p.num_tokens * p.q_heads * p.head_dim;
+    gpu::bind_attention_workspace(p, workspace.data_ptr<float>());
   }
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);

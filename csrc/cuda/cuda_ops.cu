@@ -153,22 +153,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   return {tokens, cand_ids, cand_probs};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify(
+std::tuple<at::Tensor, at::Tensor> block_verify(
     const at::Tensor& logits_in, const at::Tensor& draft_in, const at::Tensor& cid_in, const at::Tensor& cp_in,
-    const at::Tensor& temp_in, const at::Tensor& tk_in, const at::Tensor& tp_in, const at::Tensor& u_in,
-    const at::Tensor& sl_in) {
-  check_device("block_verify", logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in, sl_in);
+    const at::Tensor& temp_in, const at::Tensor& tk_in, const at::Tensor& tp_in, const at::Tensor& u_in) {
+  check_device("block_verify", logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in);
   const c10::cuda::CUDAGuard guard(logits_in.device());
-  check_verify_args(logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in, sl_in);
+  check_verify_args(logits_in, draft_in, cid_in, cp_in, temp_in, tk_in, tp_in, u_in);
   auto logits = logits_in.contiguous(), draft = draft_in.contiguous(), cid = cid_in.contiguous(),
        cp = cp_in.contiguous(), temp = temp_in.contiguous(), tk = tk_in.contiguous(), tp = tp_in.contiguous(),
-       u = u_in.contiguous(), sl = sl_in.contiguous();
+       u = u_in.contiguous();
   const int64_t b = logits.size(0), t = logits.size(1), v = logits.size(2);
   TORCH_CHECK(v < INT32_MAX && b * t < INT32_MAX && cid.size(2) < INT32_MAX, "block_verify: too large");
   auto opts = logits.options();
   auto accept = at::empty({b}, opts.dtype(at::kInt));
   auto out = at::empty({b, t}, opts.dtype(at::kLong));
-  auto new_lens = at::empty({b}, opts.dtype(at::kInt));
   static_assert(sizeof(gpu::VerifyRow) == 32, "VerifyRow is read back as two 16-byte words");
   auto rows = at::empty({b * t, 8}, opts.dtype(at::kInt));
   auto chunk_mass = at::empty({b * t, 2, gpu::kRowThreads}, opts.dtype(at::kDouble));
@@ -182,10 +180,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify(
   p.top_k = tk.data_ptr<int32_t>();
   p.top_p = tp.data_ptr<float>();
   p.uniforms = u.data_ptr<float>();
-  p.seq_lens = sl.data_ptr<int32_t>();
   p.accept_len = accept.data_ptr<int32_t>();
   p.out_tokens = out.data_ptr<int64_t>();
-  p.new_seq_lens = new_lens.data_ptr<int32_t>();
   p.rows = reinterpret_cast<gpu::VerifyRow*>(rows.data_ptr());
   p.chunk_mass = chunk_mass.data_ptr<double>();
   p.arrivals = arrivals.data_ptr<int>();
@@ -200,7 +196,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> block_verify(
     gpu::launch_block_verify<T>(p, stream());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {accept, out, new_lens};
+  return {accept, out};
 }
 
 }  // namespace cuda

@@ -38,10 +38,8 @@ struct VerifyParams {
   const int32_t* top_k;
   const float* top_p;
   const float* uniforms;  // [batch, T]
-  const int32_t* seq_lens;
   int32_t* accept_len;     // [batch]
   int64_t* out_tokens;     // [batch, T]
-  int32_t* new_seq_lens;   // [batch]
   VerifyRow* rows;         // workspace [batch * T]
   double* chunk_mass;      // workspace [batch * T][2][kRowThreads]: p, then the residual
   int* arrivals;           // [batch], zero before the launch
@@ -246,10 +244,7 @@ __device__ void finish_sequence(const VerifyParams& p, int b, VerifyScratch& sh)
   const int64_t* draft = p.draft_tokens + static_cast<int64_t>(b) * (p.block - 1);
   int64_t* out = p.out_tokens + static_cast<int64_t>(b) * p.block;
   for (int j = threadIdx.x; j < p.block; j += blockDim.x) out[j] = j < n ? draft[j] : (j == n ? bonus : -1);
-  if (threadIdx.x == 0) {
-    p.accept_len[b] = n;
-    p.new_seq_lens[b] = p.seq_lens[b] + n + 1;
-  }
+  if (threadIdx.x == 0) p.accept_len[b] = n;
 }
 
 template <typename T>

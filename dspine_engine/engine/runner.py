@@ -94,10 +94,9 @@ class ModelRunner:
         self._stage_sampling(seqs, seats, b, b, width=1)
         inp.upload()
         d = inp.dev
-        _, out, _ = ops.block_verify(logits[:, None], inp.drafts[:b, :0], inp.cand_ids[:b, :0],
-                                     inp.cand_probs[:b, :0], d["temps"][:b], d["top_k"][:b],
-                                     d["top_p"][:b], d["verify_u"][:b, :1].contiguous(),
-                                     d["base"][:b])
+        _, out = ops.block_verify(logits[:, None], inp.drafts[:b, :0], inp.cand_ids[:b, :0],
+                                  inp.cand_probs[:b, :0], d["temps"][:b], d["top_k"][:b],
+                                  d["top_p"][:b], d["verify_u"][:b, :1].contiguous())
         first = out[:, 0].cpu().numpy()
         self._anchors[seats] = first
         return first
@@ -219,11 +218,11 @@ class ModelRunner:
         """Block verify of the round: accepted draft counts [b] and tokens [b, B] (accepted
         drafts, the bonus, then -1), on the host. The round's one host sync."""
         b, inp, d, t = self._b, self.inputs, self.inputs.dev, self._tokens
-        accept, out, _ = ops.block_verify(self._logits[:b], inp.drafts[:b, :t - 1].contiguous(),
-                                          inp.cand_ids[:b, :t - 1].contiguous(),
-                                          inp.cand_probs[:b, :t - 1].contiguous(),
-                                          d["temps"][:b], d["top_k"][:b], d["top_p"][:b],
-                                          d["verify_u"][:b, :t].contiguous(), d["base"][:b])
+        accept, out = ops.block_verify(self._logits[:b], inp.drafts[:b, :t - 1].contiguous(),
+                                       inp.cand_ids[:b, :t - 1].contiguous(),
+                                       inp.cand_probs[:b, :t - 1].contiguous(),
+                                       d["temps"][:b], d["top_k"][:b], d["top_p"][:b],
+                                       d["verify_u"][:b, :t].contiguous())
         both = torch.cat([accept.long()[:, None], out], 1).cpu().numpy()  # SYNC
         accept, out = both[:, 0], both[:, 1:]
         seats = self.inputs.host["seats"][:b]

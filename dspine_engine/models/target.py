@@ -118,9 +118,6 @@ class TargetModel:
             self.cos_sin = self._rope_table(positions)
 
     # ---------------------------------------------------------------------------- forward
-    def kv_shape(self, num_pages: int, page_size: int) -> tuple[int, int, int, int]:
-        return (num_pages, page_size, self.config.num_kv_heads, self.config.head_dim)
-
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, meta: AttnMeta, k_caches, v_caches,
                 logit_rows: torch.Tensor | None = None, tap_layers: tuple[int, ...] = ()):

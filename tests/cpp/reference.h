@@ -76,11 +76,11 @@ struct VerifyCase {
 struct VerifyInputs {
   std::vector<float> logits, cand_probs, temperature, top_p, uniforms;
   std::vector<int64_t> draft_tokens, cand_ids;
-  std::vector<int32_t> top_k, seq_lens;
+  std::vector<int32_t> top_k;
 };
 
 struct VerifyOutputs {
-  std::vector<int32_t> accept_len, new_seq_lens;
+  std::vector<int32_t> accept_len;
   std::vector<int64_t> out_tokens;
 };
 

@@ -144,7 +144,6 @@ void verify_sequence_naive(const VerifyCase& c, VerifyInputs& in, int64_t b, Ver
   }
   o.out_tokens[b * T + accepted] = bonus;
   o.accept_len[b] = static_cast<int32_t>(accepted);
-  o.new_seq_lens[b] = in.seq_lens[b] + static_cast<int32_t>(accepted) + 1;
 }
 
 }  // namespace
@@ -246,7 +245,6 @@ VerifyInputs make_verify_inputs(const VerifyCase& c, uint64_t seed) {
     in.temperature.push_back(temperatures[b % 5]);
     in.top_k.push_back(top_ks[(b / 2) % 5]);
     in.top_p.push_back(top_ps[(b / 3) % 5]);
-    in.seq_lens.push_back(static_cast<int32_t>(rng.integer(0, 1000)));
     for (int64_t j = 0; j + 1 < T; ++j) {
       float* row = &in.logits[(b * T + j) * V];
       const int64_t row_id = b * (T - 1) + j;
@@ -278,8 +276,7 @@ VerifyInputs make_verify_inputs(const VerifyCase& c, uint64_t seed) {
 }
 
 VerifyOutputs verify_naive(const VerifyCase& c, VerifyInputs& in) {
-  VerifyOutputs want{std::vector<int32_t>(c.batch), std::vector<int32_t>(c.batch),
-                     std::vector<int64_t>(c.batch * c.block, -1)};
+  VerifyOutputs want{std::vector<int32_t>(c.batch), std::vector<int64_t>(c.batch * c.block, -1)};
   for (int64_t b = 0; b < c.batch; ++b) verify_sequence_naive(c, in, b, want);
   return want;
 }

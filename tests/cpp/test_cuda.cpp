@@ -197,17 +197,15 @@ void verify_case(const VerifyCase& c, uint64_t seed) {
   DeviceArray<float> logits(in.logits), cand_probs(in.cand_probs), temperature(in.temperature), top_p(in.top_p),
       uniforms(in.uniforms);
   DeviceArray<int64_t> drafts(in.draft_tokens), cand_ids(in.cand_ids), out(std::vector<int64_t>(c.batch * c.block, -7));
-  DeviceArray<int32_t> top_k(in.top_k), seq_lens(in.seq_lens), accept(std::vector<int32_t>(c.batch, -7)),
-      new_lens(std::vector<int32_t>(c.batch, -7));
+  DeviceArray<int32_t> top_k(in.top_k), accept(std::vector<int32_t>(c.batch, -7));
   if (!check_ok(dspine_cuda_block_verify_f32(logits.get(), drafts.get(), cand_ids.get(), cand_probs.get(),
                                              temperature.get(), top_k.get(), top_p.get(), uniforms.get(),
-                                             seq_lens.get(), accept.get(), out.get(), new_lens.get(), c.batch,
-                                             c.block, c.vocab, c.cand, test_stream()),
+                                             accept.get(), out.get(), c.batch, c.block, c.vocab, c.cand,
+                                             test_stream()),
                 "cuda block_verify"))
     return;
   check_equal("accept_len", accept.to_host(), want.accept_len);
   check_equal("out_tokens", out.to_host(), want.out_tokens);
-  check_equal("new_seq_lens", new_lens.to_host(), want.new_seq_lens);
 }
 
 // ---- groups -------------------------------------------------------------------------------------

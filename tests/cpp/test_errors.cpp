@@ -105,18 +105,18 @@ void sampling_errors() {
   // Verify, block 3: drafts [batch, 2], candidates [batch, 2, 2].
   std::vector<int64_t> drafts = {0, 9}, ids = {1, 2, 3, 4}, out_tokens(3, -7);
   std::vector<float> probs(4, 0.5f), top_p = {1.f};
-  std::vector<int32_t> top_k = {0}, seq_lens = {10}, accept = {-7}, new_lens = {-7};
+  std::vector<int32_t> top_k = {0}, accept = {-7};
   auto verify = [&] {
     return dspine_cpu_block_verify_f32(logits.data(), drafts.data(), ids.data(), probs.data(), temperature.data(),
-                                       top_k.data(), top_p.data(), uniforms.data(), seq_lens.data(), accept.data(),
-                                       out_tokens.data(), new_lens.data(), batch, 3, vocab, 2);
+                                       top_k.data(), top_p.data(), uniforms.data(), accept.data(), out_tokens.data(),
+                                       batch, 3, vocab, 2);
   };
   expect_rejected(verify(), "block_verify sampled draft outside the vocab", "draft_tokens[1] = 9");
   check(out_tokens == std::vector<int64_t>(3, -7) && accept[0] == -7, "rejected verify left outputs untouched");
   temperature = {0.f};  // greedy rows only compare ids: any value is fine
   check_ok(verify(), "block_verify greedy with an out-of-vocab draft");
   // Uniform logits: the argmax is id 0, so draft 0 is accepted, 9 is not, and 0 is the bonus.
-  check(accept[0] == 1 && out_tokens == std::vector<int64_t>{0, 0, -1} && new_lens[0] == 12,
+  check(accept[0] == 1 && out_tokens == std::vector<int64_t>{0, 0, -1},
         str("greedy verify: accept ", accept[0], ", tokens ", out_tokens[0], " ", out_tokens[1], " ", out_tokens[2]));
 }
 
