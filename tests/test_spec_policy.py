@@ -202,6 +202,10 @@ def test_incremental_statistics_and_plans_equal_a_recount_from_scratch():
             rows = [i for i, s in enumerate(batch) if any(s is d for d in group)]
             assert (width, rows) == best_plan_by_enumeration(pol, expected)[1]
             kinds.add("plain" if width == 1 else "all" if len(plan) == 1 else "split")
+            if rng.random() < 0.1:  # also seats off the batch (not the engine's way)
+                seen = sorted({s.seat for e in log if e[0] == "plan" for s in e[1]})
+                plan = plan + [(BLOCK, [SimpleNamespace(seat=i, skill=0.5) for i in
+                                        rng.choice(seen, rng.integers(1, len(seen) + 1), False)])]
             for width, group in plan:
                 accepted = [min(int(rng.geometric(1 - 0.95 * s.skill)) - 1, width - 1)
                             for s in group]

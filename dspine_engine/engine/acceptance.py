@@ -8,12 +8,13 @@ and ``E(w) = 1 + sum_k prod_{j<=k} a_j`` is the tokens a round verifying ``w`` c
 
 The policy reads these every round between two forwards, on the host, where a numpy call costs
 about a microsecond whatever its size: so the state is laid out for few calls, not for reading.
-The tried and hit counts are one array (a round gathers, forgets and writes back the batch's rows
-once); an observation is added from a table indexed by the accepted count (no per-round masks);
-the shrinkage target is recomputed only after the global counts moved; a batch of the same
-sequences as the last one reuses its seats (the ownership check runs when the batch changes).
-None of this changes a number: every count and estimate is computed by the same operations in
-the same order as a recount would (tests/test_spec_policy.py replays random rounds to check).
+The tried and hit counts are one array; the running batch's rows are held apart, in batch order,
+while the batch is the same sequences (a round forgets and counts them in place, with no gather
+or scatter and no ownership check; they go back to the per-seat table when the batch changes);
+an observation is added from a table indexed by the accepted count (no per-round masks); the
+shrinkage target is recomputed only after the global counts moved. None of this changes a
+number: every count and estimate is computed by the same operations in the same order as a
+recount would (tests/test_spec_policy.py replays random rounds to check).
 """
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ class AcceptanceStats:
         self.drafts = drafts = block - 1
         self._counts = np.zeros((max_seats + 1, 2, drafts))  # per seat: tried, hit
         self._owner = np.full(max_seats + 1, None, object)  # the seat's sequence
+        # The running batch's rows live in _rows (its counts, in batch order) and are written
+        # back to _counts when the batch changes: a round forgets and counts them in place.
+        self._batch: list = []
+        self._seats = np.zeros(0, np.int64)
+        self._seats_key = b""  # _seats as bytes: an observed group is the batch when equal
+        self._rows = np.zeros((0, 2, drafts))
+        self._row_of = np.full(max_seats + 1, -1)  # a seat's row in _rows, -1 if none
         self._global = np.zeros((2, drafts))
         # The global counts' prior: global_weight positions tried, prior of them hit.
         self._global_prior = np.array([[global_weight], [global_weight * prior]])
@@ -55,35 +63,53 @@ class AcceptanceStats:
             global_forget
         self._observed = {w: observation_table(w, drafts) for w in widths if w > 1}
         self._cols = np.array([w for w in widths if w > 1]) - 2  # E(w) - 1 = cumsum(reach)[w - 2]
-        self._batch: list = []
-        self._seats = np.zeros(0, np.int64)
 
     # ----------------------------------------------------------------- a round
-    def batch_seats(self, seqs) -> np.ndarray:
-        """The seats of ``seqs``, adopting those a new request took. The same sequences as the
-        last batch keep their seats and owners, so only a changed batch is looked at."""
+    def begin_round(self, seqs) -> np.ndarray:
+        """The counts of the batch ``seqs``, ``[b, 2, drafts]``, after the round's forgetting.
+        A batch of the same sequences as the last one keeps its rows (nothing is looked up);
+        else seats a new request took start from zero (the global estimate)."""
         if len(seqs) != len(self._batch) or not all(map(operator.is_, seqs, self._batch)):
-            self._seats = CacheManager.seats_of(seqs)
-            self._adopt(seqs, self._seats)
-            self._batch = list(seqs)
-        return self._seats
-
-    def forget(self, seats: np.ndarray) -> np.ndarray:
-        """Decays the counts of ``seats`` (once a round); returns them, ``[b, 2, drafts]``."""
-        counts = self._counts[seats]
-        counts *= self.forget_rate
-        self._counts[seats] = counts
-        return counts
+            self._take_batch(seqs)
+        self._rows *= self.forget_rate
+        return self._rows
 
     def observe(self, seats: np.ndarray, width: int, accepted: np.ndarray) -> None:
         """Counts a round that verified ``width - 1`` drafts of each of ``seats``."""
         if width == 1:
             return
         seen = self._observed[width][accepted]
-        self._counts[seats] += seen
+        if seats.tobytes() == self._seats_key:  # the whole batch, in its order
+            self._rows += seen
+        else:
+            rows = self._row_of[seats]
+            if (rows >= 0).all():
+                self._rows[rows] += seen
+            else:  # seats outside the batch (not the engine's way): through the table
+                self._put_back()
+                self._counts[seats] += seen
+                self._rows = self._counts[self._seats]
         self._global *= self.global_forget
-        self._global += seen.sum(0)
+        self._global += seen[0] if len(seen) == 1 else seen.sum(0)  # (one row: no reduction)
         self._shrink_stale = True
+
+    def counts(self, seats: np.ndarray) -> np.ndarray:
+        """The counts of ``seats`` as they are."""
+        self._put_back()
+        return self._counts[seats]
+
+    def _take_batch(self, seqs) -> None:
+        self._put_back()
+        self._row_of[self._seats] = -1
+        self._seats = CacheManager.seats_of(seqs)
+        self._adopt(seqs, self._seats)
+        self._batch = list(seqs)
+        self._seats_key = self._seats.tobytes()
+        self._rows = self._counts[self._seats]
+        self._row_of[self._seats] = np.arange(len(seqs))
+
+    def _put_back(self) -> None:
+        self._counts[self._seats] = self._rows
 
     # ----------------------------------------------------------------- estimates
     def global_acceptance(self) -> np.ndarray:
@@ -102,9 +128,6 @@ class AcceptanceStats:
         gains = reach.cumsum(1).T.take(cols, 0)
         gains += 1
         return gains
-
-    def counts(self, seats: np.ndarray) -> np.ndarray:
-        return self._counts[seats]
 
     def _shrink_now(self) -> np.ndarray:
         if self._shrink_stale:  # global_acceptance() * prior_weight, into the table's row

@@ -78,7 +78,6 @@ class AutoPolicy:
                              f"of {block}")
         cost.check(widths)
         self.widths = sorted(widths)
-        self._drafted = np.array(self.widths[1:])
         self.stats = AcceptanceStats(block, self.widths, max_seats, prior, prior_weight,
                                      global_weight, forget, global_forget)
         # One row per width of predicted seconds of a round of m sequences (m = 0..max);
@@ -108,8 +107,7 @@ class AutoPolicy:
 
     # ----------------------------------------------------------------- planning
     def plan(self, seqs) -> list[tuple[int, list]]:
-        seats = self.stats.batch_seats(seqs)
-        width, chosen = self._choose(self.stats.forget(seats))
+        width, chosen = self._choose(self.stats.begin_round(seqs))
         if width == 1:
             if self._explore_now(len(seqs)):  # observe every position
                 self._interval = min(2 * self._interval, self._max_interval)
@@ -146,15 +144,19 @@ class AutoPolicy:
         # Row j: width widths[j + 1]; column m - 1: its m most promising sequences drafting,
         # the rest decoding (one pass over all widths: the plan runs every round, on the host).
         gain = self.stats.expected(counts)
-        tokens = np.sort(gain, 1)[:, ::-1].cumsum(1) if b > 1 else gain
-        rate = (tokens + rest) / cost
+        if b > 1:
+            tokens = np.sort(gain, 1)[:, ::-1].cumsum(1) + rest
+        else:  # one sequence: nothing to rank, no plain rows
+            tokens = gain
+        rate = tokens / cost
         best = int(rate.argmax())  # the first maximum: the narrowest width, then the fewest
         if not rate.item(best) > plain_rate:
             return 1, None
         j, m = divmod(best, b)
+        width = self.widths[j + 1]
         if m + 1 == b:
-            return int(self._drafted[j]), None
-        return int(self._drafted[j]), np.sort(np.argsort(-gain[j], kind="stable")[:m + 1])
+            return width, None
+        return width, np.sort(np.argsort(-gain[j], kind="stable")[:m + 1])
 
     def _rates_of(self, b: int) -> tuple[np.ndarray, np.ndarray, float]:
         """For a batch of ``b`` (computed once per size): the predicted seconds of each
