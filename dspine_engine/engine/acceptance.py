@@ -114,8 +114,8 @@ class AcceptanceStats:
     # ----------------------------------------------------------------- estimates
     def global_acceptance(self) -> np.ndarray:
         """Engine-wide conditional acceptance by position (the prior of every request)."""
-        tried, hit = self._global + self._global_prior
-        return hit / tried
+        both = self._global + self._global_prior
+        return both[HIT] / both[TRIED]
 
     def expected(self, counts: np.ndarray, widths=None) -> np.ndarray:
         """``E[j, i]``: tokens committed by the sequence of ``counts[i]`` verifying
@@ -130,11 +130,8 @@ class AcceptanceStats:
         return gains
 
     def _shrink_now(self) -> np.ndarray:
-        if self._shrink_stale:  # global_acceptance() * prior_weight, into the table's row
-            both = self._global + self._global_prior
-            hit = self._shrink[HIT]
-            np.divide(both[HIT], both[TRIED], out=hit)
-            hit *= self.prior_weight
+        if self._shrink_stale:
+            np.multiply(self.global_acceptance(), self.prior_weight, out=self._shrink[HIT])
             self._shrink_stale = False
         return self._shrink
 
