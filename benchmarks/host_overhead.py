@@ -12,7 +12,9 @@ this thread's CPU time: robust to the other work sharing the cores).
 Modes: ``ar`` (no draft, token ids only), ``ar_text`` (no draft, text), ``spec`` (a 16-token
 DSpine block, 2 drafts accepted per round, text), ``spec_auto`` (the same under
 ``spec_policy="auto"`` with a flat cost profile, so it too verifies whole blocks: the difference
-is the policy's own host work), and ``data``: `dspine-train data`'s generator
+is the policy's own host work), ``pair`` (``spec`` and ``spec_auto`` stepped in turn, round by
+round, with the median of the paired differences: the policy's cost without the machine's
+drift between two runs), and ``data``: `dspine-train data`'s generator
 itself (`DataGenerator`, the step API, 20% of the prompts sampled at T=1, records written) on
 prompts of 40-200 random tokens, answers ending at a random length (EOS with probability 1/350
 per token, capped at 512): host time per step of the whole loop, decode and prefill steps apart,
@@ -128,8 +130,10 @@ def params(max_tokens: int, text: bool) -> tuple[SamplingParams, str]:
         return SamplingParams(max_tokens=max_tokens, ignore_eos=True), "text"
 
 
-def time_rounds(model, draft, batch: int, prompt: int, rounds: int, text: bool,
-                policy: dict | None = None) -> dict:
+def started_engine(model, draft, batch: int, prompt: int, rounds: int, text: bool,
+                   policy: dict | None = None):
+    """An engine with ``batch`` requests prefilled and warmed up, room for ``rounds`` more
+    rounds; and whether its output is text."""
     block = 16 if draft else 1
     max_tokens = (rounds + 4) * (ACCEPTED + 1 if draft else 1) + 8
     eng = Engine(model, draft=draft, progress=False, max_num_seqs=batch,
@@ -142,18 +146,42 @@ def time_rounds(model, draft, batch: int, prompt: int, rounds: int, text: bool,
     eng.step()  # the prefill
     for _ in range(3):  # warm-up rounds
         eng.step()
-    times = []
-    for _ in range(rounds):
-        t0 = CLOCK()
-        outs = eng.step()
-        times.append((CLOCK() - t0) * 1e6)
-        assert len(outs) == batch and not any(o.finished for o in outs), "a request ended"
-    for rid in [o.request_id for o in outs]:
-        eng.abort(rid)
-    eng.step()
+    return eng, detok
+
+
+def timed_round(eng, batch: int) -> float:
+    """One round, microseconds of this thread's CPU time."""
+    t0 = CLOCK()
+    outs = eng.step()
+    us = (CLOCK() - t0) * 1e6
+    assert len(outs) == batch and not any(o.finished for o in outs), "a request ended"
+    return us
+
+
+def round_row(batch: int, times: list[float], detok: str) -> dict:
     us = statistics.median(times)
     return {"batch": batch, "us_per_round": us, "us_per_seq": us / batch, "output": detok,
             "min_us": min(times)}
+
+
+def time_rounds(model, draft, batch: int, prompt: int, rounds: int, text: bool,
+                policy: dict | None = None) -> dict:
+    eng, detok = started_engine(model, draft, batch, prompt, rounds, text, policy)
+    return round_row(batch, [timed_round(eng, batch) for _ in range(rounds)], detok)
+
+
+def time_policy_pair(model, draft, batch: int, prompt: int, rounds: int, auto: dict) -> list:
+    """``spec`` and ``spec_auto`` engines stepped in turn, round by round: the auto policy's
+    cost is the difference of two close numbers, and pairs cancel the drift of a shared
+    machine. Rows: each engine's median, and the median of the paired differences."""
+    fixed, detok = started_engine(model, draft, batch, prompt, rounds, True)
+    dynamic, _ = started_engine(model, draft, batch, prompt, rounds, True, auto)
+    pairs = [(timed_round(fixed, batch), timed_round(dynamic, batch)) for _ in range(rounds)]
+    diff = statistics.median(a - f for f, a in pairs)
+    return [dict(round_row(batch, [f for f, _ in pairs], detok), mode="pair: spec"),
+            dict(round_row(batch, [a for _, a in pairs], detok), mode="pair: spec_auto"),
+            {"batch": batch, "us_per_round": diff, "us_per_seq": diff / batch,
+             "output": detok, "mode": "pair: auto - spec"}]
 
 
 def time_data(model, batch: int, admission: int, samples: int) -> dict | None:
@@ -252,6 +280,11 @@ def run_rows(args) -> list[dict]:
                                   f"{row['tokens_per_s']:8.0f} tokens/s, decode step "
                                   f"{row['decode_step_us']:.0f} us", file=sys.stderr)
                         continue
+                    if mode == "pair":
+                        rows += time_policy_pair(model, draft, b, args.prompt, args.rounds, auto)
+                        print(f"    pair batch {b:>4}: auto - spec "
+                              f"{rows[-1]['us_per_round']:.0f} us/round", file=sys.stderr)
+                        continue
                     row = time_rounds(model, draft if mode.startswith("spec") else None, b,
                                       args.prompt, args.rounds, text=mode != "ar",
                                       policy=auto if mode == "spec_auto" else None)
@@ -318,7 +351,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=30, help="timed rounds per row (median)")
     ap.add_argument("--prompt", type=int, default=128, help="prompt tokens per request")
     ap.add_argument("--modes", nargs="+", default=["ar", "ar_text", "spec"],
-                    choices=["ar", "ar_text", "spec", "spec_auto", "data"])
+                    choices=["ar", "ar_text", "spec", "spec_auto", "pair", "data"])
     ap.add_argument("--admission", nargs="+", default=["1", "auto"],
                     help="data mode: admission_batch values (auto: batch / 8, the data CLI's)")
     ap.add_argument("--samples-per-seat", type=int, default=4,

@@ -108,6 +108,23 @@ def test_host_overhead_data_mode(tmp_path, capsys):
     assert "| engine | batch | admission |" in capsys.readouterr().out
 
 
+def test_host_overhead_pair_mode(tmp_path):
+    """fixed and auto engines stepped in turn: a row for each and one for their paired
+    difference, per round and per sequence."""
+    import host_overhead
+
+    assert host_overhead.main(["--modes", "pair", "--batches", "2", "--rounds", "5",
+                               "--out", str(tmp_path), "--no-doc"]) == 0
+    rows = json.loads((tmp_path / "host_overhead_cpu.json").read_text())["rows"]
+    by_mode = {r["mode"]: r for r in rows}
+    assert sorted(by_mode) == ["pair: auto - spec", "pair: spec", "pair: spec_auto"]
+    assert by_mode["pair: spec"]["us_per_round"] > 0
+    assert by_mode["pair: spec_auto"]["us_per_round"] > 0
+    for r in rows:
+        assert r["batch"] == 2 and math.isfinite(r["us_per_round"])
+        assert r["us_per_seq"] == r["us_per_round"] / 2
+
+
 def test_cpu_attention_times_ours_and_sdpa_on_the_same_answer(tmp_path, capsys):
     assert cpu_attention.main(["--reps", "1", "--context", "20", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "cpu_attention.json").read_text())

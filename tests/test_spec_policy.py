@@ -87,25 +87,25 @@ def test_every_chosen_width_is_a_bucket():
             pol.observe(seats, width, rng.integers(0, width, len(group)))
 
 
-def plan_rate(pol, seats, width, rows):
-    """Expected tokens per predicted second of a round where ``rows`` (indices into ``seats``)
-    verify ``width`` tokens and the others decode one."""
-    b, m = len(seats), len(rows)
+def plan_rate(pol, expected, width, rows):
+    """Expected tokens per predicted second of a round where ``rows`` (indices into the batch
+    of ``expected``, its E matrix) verify ``width`` tokens and the others decode one."""
+    b, m = len(expected), len(rows)
     if width == 1:
         return b / pol._cost[1][b]
-    drafted = sum(pol.expected_tokens(seats)[i, width - 1] for i in rows)
+    drafted = sum(expected[i, width - 1] for i in rows)
     return (drafted + b - m) / (pol._cost[width][m] + pol._cost[1][b - m])
 
 
-def best_plan_by_enumeration(pol, seats):
+def best_plan_by_enumeration(pol, expected):
     """Every width and every number m of drafting sequences (the m with the highest expected
     gain; ties to the lower index), scored one by one: the rate `choose` must maximise."""
-    b, expected = len(seats), pol.expected_tokens(seats)
-    best_rate, best = plan_rate(pol, seats, 1, range(b)), (1, list(range(b)))
+    b = len(expected)
+    best_rate, best = plan_rate(pol, expected, 1, range(b)), (1, list(range(b)))
     for w in pol.widths[1:]:
         ranked = sorted(range(b), key=lambda i: (-expected[i, w - 1], i))
         for m in range(1, b + 1):
-            rate = plan_rate(pol, seats, w, ranked[:m])
+            rate = plan_rate(pol, expected, w, ranked[:m])
             if rate > best_rate * (1 + 1e-12):
                 best_rate, best = rate, (w, sorted(ranked[:m]))
     return best_rate, best
@@ -121,10 +121,97 @@ def test_the_plan_is_the_best_width_and_split_by_enumeration(batch):
         for _ in range(30):  # varied statistics: each sequence its own acceptance
             pol.plan(group)
             pol.observe(seats, BLOCK, rng.integers(0, BLOCK, batch) * rng.integers(0, 2, batch))
-        want_rate, (want_w, want_rows) = best_plan_by_enumeration(pol, seats)
+        expected = pol.expected_tokens(seats)
+        want_rate, (want_w, want_rows) = best_plan_by_enumeration(pol, expected)
         width, rows = pol.choose(seats)
-        assert plan_rate(pol, seats, width, rows) == pytest.approx(want_rate, rel=1e-9)
+        assert plan_rate(pol, expected, width, rows) == pytest.approx(want_rate, rel=1e-9)
         assert (width, list(rows)) == (want_w, want_rows)
+
+
+def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0.97,
+            global_forget=0.999):
+    """``E[i, k]`` of each sequence of ``batch`` recounted from scratch, position by position,
+    from the whole ``log`` of plans (a new request on a seat starts from zero; a planned seat
+    forgets) and observations (drafts 1..min(accepted + 1, k) tried, the first accepted hit):
+    the statistics AutoPolicy keeps, without its arrays."""
+    drafts = BLOCK - 1
+    tried, hit, owner = {}, {}, {}
+    g_tried, g_hit = [0.0] * drafts, [0.0] * drafts
+    for event in log:
+        if event[0] == "plan":
+            for s in event[1]:
+                if owner.get(s.seat) is not s:
+                    owner[s.seat], tried[s.seat], hit[s.seat] = s, [0.0] * drafts, [0.0] * drafts
+                tried[s.seat] = [forget * t for t in tried[s.seat]]
+                hit[s.seat] = [forget * h for h in hit[s.seat]]
+            continue
+        _, seats, width, accepted = event
+        if width == 1:
+            continue
+        g_tried, g_hit = [global_forget * t for t in g_tried], [global_forget * h for h in g_hit]
+        for seat, n in zip(seats, accepted):
+            for j in range(min(n + 1, width - 1)):
+                tried[seat][j] += 1
+                g_tried[j] += 1
+                hit[seat][j] += j < n
+                g_hit[j] += j < n
+    g = [(h + global_weight * prior) / (t + global_weight) for t, h in zip(g_tried, g_hit)]
+    expected = []
+    for s in batch:
+        row, reach = [1.0], 1.0
+        for j in range(drafts):
+            reach *= (hit[s.seat][j] + prior_weight * g[j]) / (tried[s.seat][j] + prior_weight)
+            row.append(row[-1] + reach)
+        expected.append(row)
+    return np.array(expected)
+
+
+def random_rounds(rng, seats: int, rounds: int):
+    """Batches of a serving engine: requests join on free seats (a new request on a seat
+    another one left), leave, and each accepts at its own rate."""
+    running = []
+    for _ in range(rounds):
+        if running and rng.random() < 0.15:
+            running.pop(rng.integers(len(running)))
+        taken = {s.seat for s in running}
+        if len(taken) < seats and rng.random() < 0.25:
+            free = [i for i in range(seats) if i not in taken]
+            running.insert(rng.integers(len(running) + 1),
+                           SimpleNamespace(seat=int(rng.choice(free)), skill=rng.random()))
+        if running:
+            yield list(running)
+
+
+def test_incremental_statistics_and_plans_equal_a_recount_from_scratch():
+    """AutoPolicy keeps its statistics incrementally (one array, observation tables, the
+    shrinkage target cached, a batch's seats reused) and plans from them in one pass; over
+    random rounds (joins, leaves, seat reuse, splits and plain rounds) every estimate equals a
+    recount of the whole history and every plan is the enumeration's best one."""
+    rng = np.random.default_rng(11)
+    kinds = set()
+    for per_token in (0.03, 0.15, 1.0):
+        pol = policy(linear_profile(per_token=per_token), explore_interval=10 ** 9)
+        log = []
+        for batch in random_rounds(rng, seats=12, rounds=150):
+            plan = pol.plan(batch)
+            log.append(("plan", batch))
+            expected = recount(log, batch)
+            seats = np.array([s.seat for s in batch])
+            np.testing.assert_allclose(pol.expected_tokens(seats), expected, rtol=1e-12)
+            width, group = plan[0]
+            rows = [i for i, s in enumerate(batch) if any(s is d for d in group)]
+            assert (width, rows) == best_plan_by_enumeration(pol, expected)[1]
+            kinds.add("plain" if width == 1 else "all" if len(plan) == 1 else "split")
+            if rng.random() < 0.1:  # also seats off the batch (not the engine's way)
+                seen = sorted({s.seat for e in log if e[0] == "plan" for s in e[1]})
+                plan = plan + [(BLOCK, [SimpleNamespace(seat=i, skill=0.5) for i in
+                                        rng.choice(seen, rng.integers(1, len(seen) + 1), False)])]
+            for width, group in plan:
+                accepted = [min(int(rng.geometric(1 - 0.95 * s.skill)) - 1, width - 1)
+                            for s in group]
+                pol.observe(np.array([s.seat for s in group]), width, np.array(accepted))
+                log.append(("observe", [s.seat for s in group], width, accepted))
+    assert kinds == {"plain", "all", "split"}  # every kind of plan was checked
 
 
 def test_a_new_request_on_a_seat_starts_from_the_global_estimate():

@@ -7,14 +7,17 @@ whole block). `AutoPolicy` (dynamic verification) plans each round from two thin
   ``a_j = P(d_j accepted | d_1..d_{j-1} accepted)``, counted online per request and shrunk
   toward the engine-wide counts (the drafter's global statistics, themselves starting from a
   neutral prior), with exponential forgetting, so a request that stopped being verified drifts
-  back to the global estimate and is tried again.
+  back to the global estimate and is tried again (acceptance.py).
 
 A round verifies ``w`` tokens per sequence (the anchor + ``w - 1`` drafts; ``w = 1`` is a
 plain decode step), ``w`` from a few buckets so CUDA graphs apply. The plan is at most two
 groups: the ``m`` sequences with the highest expected gain verify ``w`` tokens, the rest decode
 one; (w, m) maximise expected committed tokens per predicted second,
 ``(sum_top_m E_i(w) + (b - m)) / (cost(w, m) + cost(1, b - m))``, against plain decoding of the
-whole batch. Given a cost profile and the statistics the plan is deterministic. When plain
+whole batch. Given a cost profile and the statistics the plan is deterministic. It is made
+afresh every round from the statistics as they are (forgetting and the global counts move every
+estimate every round), in a few numpy calls: the rate denominators of each batch size are
+computed once, and every width and split is scored in one pass. When plain
 decoding wins for a while, an exploration round verifies the widest bucket for everyone, so
 estimates never freeze: after ``explore_interval`` plain rounds (doubling while it keeps not
 paying), and only once the plain rounds since the last drafted one have cost enough that the
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache_manager import CacheManager
+from .acceptance import AcceptanceStats
 from .verify_cost import CostProfile
 
 # Tokens verified per sequence (anchor included) that a round may use.
@@ -75,22 +78,15 @@ class AutoPolicy:
                              f"of {block}")
         cost.check(widths)
         self.widths = sorted(widths)
-        drafts = block - 1
-        # Per seat: decayed counts of positions verified (tried) and accepted (hit).
-        self._tried = np.zeros((max_seats + 1, drafts))
-        self._hit = np.zeros((max_seats + 1, drafts))
-        self._owner = np.full(max_seats + 1, None, object)  # the seat's sequence
-        self._g_tried = np.zeros(drafts)
-        self._g_hit = np.zeros(drafts)
-        self.prior, self.prior_weight = prior, prior_weight
-        self.global_weight, self.forget = global_weight, forget
-        self.global_forget = global_forget
+        self.stats = AcceptanceStats(block, self.widths, max_seats, prior, prior_weight,
+                                     global_weight, forget, global_forget)
         # One row per width of predicted seconds of a round of m sequences (m = 0..max);
         # _cost[w] is width w's row, _drafted_cost the drafted widths' rows (one array, so a
         # plan scores every width at once).
         costs = np.array([[cost.cost(w, m) for m in range(max_batch + 1)] for w in self.widths])
         self._cost = dict(zip(self.widths, costs))
         self._drafted_cost = costs[1:]
+        self._rate_terms: dict[int, tuple] = {}  # per batch size, see _rates_of
         self._base_interval = explore_interval
         self._interval = explore_interval
         self._max_interval = max_explore_interval
@@ -101,23 +97,17 @@ class AutoPolicy:
     # ----------------------------------------------------------------- estimates
     def global_acceptance(self) -> np.ndarray:
         """Engine-wide conditional acceptance by position (the prior of every request)."""
-        w = self.global_weight
-        return (self._g_hit + w * self.prior) / (self._g_tried + w)
+        return self.stats.global_acceptance()
 
     def expected_tokens(self, seats: np.ndarray) -> np.ndarray:
         """``E[i, k]``: expected tokens committed by sequence i verifying k drafts (k = 0..B-1)."""
-        g, m = self.global_acceptance(), self.prior_weight
-        a = (self._hit[seats] + m * g) / (self._tried[seats] + m)
-        reach = np.cumprod(a, axis=1)  # P(d_1..d_k all accepted)
-        return np.concatenate([np.ones((len(seats), 1)), 1 + np.cumsum(reach, axis=1)], 1)
+        every = np.arange(2, self.stats.drafts + 2)
+        gains = self.stats.expected(self.stats.counts(seats), every).T
+        return np.concatenate([np.ones((len(seats), 1)), gains], 1)
 
     # ----------------------------------------------------------------- planning
     def plan(self, seqs) -> list[tuple[int, list]]:
-        seats = CacheManager.seats_of(seqs)
-        self._adopt(seqs, seats)
-        self._tried[seats] *= self.forget
-        self._hit[seats] *= self.forget
-        width, chosen = self.choose(seats)
+        width, chosen = self._choose(self.stats.begin_round(seqs))
         if width == 1:
             if self._explore_now(len(seqs)):  # observe every position
                 self._interval = min(2 * self._interval, self._max_interval)
@@ -125,11 +115,13 @@ class AutoPolicy:
                 return [(self.widths[-1], seqs)]
             return [(1, seqs)]
         self._since_drafted, self._interval, self._plain_seconds = 0, self._base_interval, 0.0
+        if chosen is None:
+            return [(width, seqs)]
         mask = np.zeros(len(seqs), bool)
         mask[chosen] = True
         drafted = [s for s, keep in zip(seqs, mask) if keep]
         plain = [s for s, keep in zip(seqs, mask) if not keep]
-        return [(width, drafted)] + ([(1, plain)] if plain else [])
+        return [(width, drafted), (1, plain)]
 
     def _explore_now(self, b: int) -> bool:
         """Counts a plain round; True when the next one should explore instead."""
@@ -141,51 +133,46 @@ class AutoPolicy:
 
     def choose(self, seats: np.ndarray) -> tuple[int, np.ndarray]:
         """The round's width and the indices (into ``seats``) that verify at it; (1, all) when
-        plain decoding is predicted fastest."""
-        b = len(seats)
-        plain_cost = self._cost[1]
-        best_rate, best = b / plain_cost[b], (1, np.arange(b))
-        # Column j: width widths[j + 1]; row m - 1: its m most promising sequences drafting, the
-        # rest decoding (one pass over all widths: the plan runs every round, on the host).
-        gain = self.expected_tokens(seats)[:, np.array(self.widths[1:]) - 1]
-        order = np.argsort(-gain, axis=0, kind="stable")
-        m = np.arange(1, b + 1)
-        tokens = np.cumsum(np.take_along_axis(gain, order, 0), axis=0) + (b - m)[:, None]
-        rate = tokens / (self._drafted_cost[:, m].T + plain_cost[b - m][:, None])
-        top = np.argmax(rate, axis=0)
-        for j, w in enumerate(self.widths[1:]):  # the narrowest width wins a tie
-            k = int(top[j])
-            if rate[k, j] > best_rate:
-                best_rate, best = rate[k, j], (w, np.sort(order[:k + 1, j]))
-        return best
+        plain decoding is predicted fastest. Reads the statistics as they are (no forgetting)."""
+        width, chosen = self._choose(self.stats.counts(seats))
+        return width, np.arange(len(seats)) if chosen is None else chosen
+
+    def _choose(self, counts: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """`choose` from the batch's counts; None for the rows when all of them verify."""
+        b = len(counts)
+        cost, rest, plain_rate = self._rates_of(b)
+        # Row j: width widths[j + 1]; column m - 1: its m most promising sequences drafting,
+        # the rest decoding (one pass over all widths: the plan runs every round, on the host).
+        gain = self.stats.expected(counts)
+        if b > 1:
+            tokens = np.sort(gain, 1)[:, ::-1].cumsum(1) + rest
+        else:  # one sequence: nothing to rank, no plain rows
+            tokens = gain
+        rate = tokens / cost
+        best = int(rate.argmax())  # the first maximum: the narrowest width, then the fewest
+        if not rate.item(best) > plain_rate:
+            return 1, None
+        j, m = divmod(best, b)
+        width = self.widths[j + 1]
+        if m + 1 == b:
+            return width, None
+        return width, np.sort(np.argsort(-gain[j], kind="stable")[:m + 1])
+
+    def _rates_of(self, b: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """For a batch of ``b`` (computed once per size): the predicted seconds of each
+        two-group round, ``[widths, m]`` for m = 1..b drafting; the plain tokens of each
+        (b - m); and the rate of plain decoding."""
+        if b not in self._rate_terms:
+            m = np.arange(1, b + 1)
+            plain = self._cost[1]
+            self._rate_terms[b] = (self._drafted_cost[:, m] + plain[b - m], b - m,
+                                   b / plain[b])
+        return self._rate_terms[b]
 
     def observe(self, seats: np.ndarray, width: int, accepted: np.ndarray) -> None:
         """Counts a verified round: drafts 1..min(accepted + 1, width - 1) were tried, the first
         ``accepted`` of them accepted."""
-        k = width - 1
-        if k == 0:
-            return
-        pos = np.arange(k)
-        tried = pos[None] <= accepted[:, None]
-        hit = pos[None] < accepted[:, None]
-        self._tried[seats, :k] += tried
-        self._hit[seats, :k] += hit
-        self._g_tried *= self.global_forget
-        self._g_hit *= self.global_forget
-        self._g_tried[:k] += tried.sum(0)
-        self._g_hit[:k] += hit.sum(0)
-
-    def _adopt(self, seqs, seats: np.ndarray) -> None:
-        """A seat taken by a new request starts from the global estimate."""
-        ids = np.empty(len(seqs), object)
-        ids[:] = seqs
-        fresh = np.fromiter((a is not b for a, b in zip(self._owner[seats], ids)), bool,
-                            len(seqs))
-        if fresh.any():
-            rows = seats[fresh]
-            self._tried[rows] = 0
-            self._hit[rows] = 0
-            self._owner[rows] = ids[fresh]
+        self.stats.observe(seats, width, accepted)
 
 
 def build_policy(config, runner, identity: dict, progress: bool):
