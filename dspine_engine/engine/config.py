@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from os import PathLike
 
 from ..models.config import ModelConfigError
-from .cpu_threads import env_threads
+from .cpu_threads import check_threads, env_threads
 from .spec_policy import POLICIES, verify_widths
 
 _POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_batch",
@@ -91,6 +91,8 @@ class EngineConfig:
                              f"draft's block - 1), got {n!r}")
         if self.cpu_threads is None:
             env_threads()  # the default's source: a bad DSPINE_CPU_THREADS fails here too
+        else:
+            check_threads(self.cpu_threads, "cpu_threads")
         if self.spec_cost_profile is not None and not isinstance(self.spec_cost_profile,
                                                                  (str, PathLike)):
             raise ValueError(f"spec_cost_profile must be a path or None, got "

@@ -20,6 +20,13 @@ import torch
 from .. import ops
 
 ENV = "DSPINE_CPU_THREADS"
+MAX_THREADS = 4096  # what ops.set_cpu_threads accepts (csrc/cpu/thread_bindings.cpp)
+
+
+def check_threads(value: int, name: str) -> None:
+    """A count the kernels accept, else a ValueError naming where it came from."""
+    if value > MAX_THREADS:
+        raise ValueError(f"{name} must be at most {MAX_THREADS}, got {value}")
 
 
 def env_threads() -> int | None:
@@ -30,6 +37,7 @@ def env_threads() -> int | None:
         return None
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{ENV} must be a positive integer, got {value!r}")
+    check_threads(int(value), ENV)
     return int(value)
 
 
