@@ -84,6 +84,13 @@ def run_info(device: str) -> dict:
             "command": "python " + " ".join(sys.argv)}
 
 
+def engine_threads(engine) -> dict | None:
+    """The engine's CPU thread counts (kernels, torch's ops inside its steps); None on CUDA."""
+    threads = engine.runner.cpu_threads
+    return None if threads is None else {"kernels": threads.kernels,
+                                         "torch_ops": threads.torch_ops}
+
+
 def save_json(name: str, payload: dict, out_dir: Path | None = None) -> Path:
     out_dir = Path(out_dir or RESULTS)
     out_dir.mkdir(parents=True, exist_ok=True)

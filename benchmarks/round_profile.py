@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import RESULTS, run_info, save_json  # noqa: E402
+from common import RESULTS, engine_threads, run_info, save_json  # noqa: E402
 
 WIDTHS = (1, 2, 4, 8, 16)
 
@@ -99,7 +99,8 @@ def main(argv=None) -> int:
     step = ar_step(ar.runner, args.reps)
     pieces = profile(dr.runner, args.reps)
     info = run_info(args.device)
-    info.update(threads=torch.get_num_threads(), quantized=dr.quantized,
+    info.update(threads=torch.get_num_threads(), engine_threads=engine_threads(dr),
+                quantized=dr.quantized,
                 draft_weights=dr.draft_weight_format)
     save_json(f"round_profile_{ar.device.type}", {"info": info, "ar_step_s": step,
                                                   "pieces_s": pieces}, Path(args.out))

@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import RESULTS, median_seconds as timed, run_info, save_json  # noqa: E402
+from common import (RESULTS, engine_threads, median_seconds as timed, run_info,  # noqa: E402
+                    save_json)
 
 WIDTHS = (1, 2, 4, 8, 16)
 
@@ -39,8 +40,9 @@ WIDTHS = (1, 2, 4, 8, 16)
 def draft_forward(runner, b: int):
     """The draft forward alone, on ``b`` padding rows."""
     def run():
-        runner.stage_padding(b, runner.block)
-        runner.propose()
+        with runner.threads():  # the engine's CPU thread counts, as a round runs under
+            runner.stage_padding(b, runner.block)
+            runner.propose()
     return run
 
 
@@ -100,7 +102,8 @@ def main(argv=None) -> int:
                                          for w in WIDTHS} for name, a in accept.items()}}
         rows.append(row)
     info = run_info(args.device)
-    info.update(threads=torch.get_num_threads(), dtype=str(dr.dtype), quantized=dr.quantized,
+    info.update(threads=torch.get_num_threads(), engine_threads=engine_threads(dr),
+                dtype=str(dr.dtype), quantized=dr.quantized,
                 acceptance=str(args.acceptance))
     save_json(f"spec_gain_{ar.device.type}", {"info": info, "rows": rows}, Path(args.out))
     print("| batch | AR step ms | draft fwd (steps) | round w=1 / 2 / 4 / 8 / 16 (steps) | "

@@ -416,6 +416,18 @@ def quant_isa() -> str:
     return _QUANT_ISAS[_ops.quant_isa()]
 
 
+def set_cpu_threads(n: int) -> None:
+    """Runs the CPU kernels on ``n`` threads (every quantised GEMM and every kernel's parallel
+    loop), apart from torch's intra-op threads; 0 makes them follow ``torch.set_num_threads``
+    again (the default). Process-wide. What a kernel computes does not depend on it."""
+    _ops.set_cpu_threads(n)
+
+
+def cpu_threads() -> int:
+    """The CPU kernels' thread count set by `set_cpu_threads` (0: following torch's)."""
+    return _ops.cpu_threads()
+
+
 def quant_unpack_ref(weight: torch.Tensor, format: str, rows: int):
     """The integer values ``q [rows, K]`` (int32), scales ``d [rows, K/32]`` and, for q4_1, mins
     ``m [rows, K/32]`` (fp32; None for q8_0) held by a packed table."""

@@ -25,6 +25,9 @@ from random_drafts import write_tiny_random_draft
     (dict(cuda_graphs="yes"), "cuda_graphs"), (dict(admission_batch=0), "admission_batch"),
     (dict(tensor_parallel_size=0), "tensor_parallel_size must be a positive integer, got 0"),
     (dict(tensor_parallel_size=1.5), "tensor_parallel_size"),
+    (dict(cpu_threads=0), "cpu_threads must be a positive integer or None, got 0"),
+    (dict(cpu_threads=2.0), "cpu_threads"), (dict(cpu_threads=True), "cpu_threads"),
+    (dict(cpu_threads=5000), "cpu_threads must be at most 4096"),
 ])
 def test_bad_settings_are_refused_before_loading(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -33,6 +36,16 @@ def test_bad_settings_are_refused_before_loading(tmp_path, bad, match):
         EngineConfig(**bad).validate()
     with pytest.raises(ValueError, match="unknown engine setting"):
         EngineConfig.from_kwargs(None, max_num_seq=4)
+
+
+@pytest.mark.parametrize("value,match", [("0", "a positive integer"), ("-1", "a positive integer"),
+                                         ("two", "a positive integer"),
+                                         ("1.5", "a positive integer"), ("5000", "at most 4096")])
+def test_bad_cpu_threads_env_is_refused_before_loading(tmp_path, monkeypatch, value, match):
+    monkeypatch.setenv("DSPINE_CPU_THREADS", value)
+    with pytest.raises(ValueError, match=f"DSPINE_CPU_THREADS must be {match}"):
+        Engine(tmp_path / "no-model-here", progress=False)
+    EngineConfig(cpu_threads=2).validate()  # a given setting does not read the variable
 
 
 def test_config_object_and_keywords(tiny_llama):

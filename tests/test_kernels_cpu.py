@@ -237,6 +237,24 @@ def test_long_rows_do_not_depend_on_the_batch_or_the_threads(case, isa, monkeypa
 
 
 @pytest.mark.parametrize("isa", ATTN_ISAS)
+def test_kernel_threads_split_rows_and_keep_the_bits(isa, monkeypatch):
+    """ops.set_cpu_threads(2) with torch on one thread (an engine step on the GGUF path) splits
+    long decode rows into segments as torch's 2 threads do: the bits of 1 thread either way."""
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
+    torch.set_num_threads(1)
+    for case in (0, 1, 6):
+        q, kc, vc, bt, kl, cu, mq, causal, window = long_case(LONG_SHAPES[case], torch.float32,
+                                                              80 + case)
+        one = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, causal, window, 0.125)
+        try:
+            ops.set_cpu_threads(2)
+            split = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, causal, window, 0.125)
+        finally:
+            ops.set_cpu_threads(0)
+        assert torch.equal(one, split), LONG_SHAPES[case]
+
+
+@pytest.mark.parametrize("isa", ATTN_ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,context,window", [(16, 1000, 0), (16, 777, 300), (9, 1300, 513),
                                               (16, 2040, 0)])

@@ -4,6 +4,8 @@ The references define every rounding step, so kernels must match them bitwise, i
 instruction set this CPU has, and a row's result must not depend on the rows beside it (what
 keeps greedy speculative decoding token-identical to plain decoding on the CPU).
 """
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -29,14 +31,46 @@ def random_weight(fmt, rows, cols, seed=0):
     return quantize_weight(torch.randn(rows, cols, generator=g) * 0.1, fmt)
 
 
-@pytest.fixture(params=[1, 4], ids=["1thread", "4threads"])
+@pytest.fixture(params=[(1, 0), (4, 0), (1, 4)],
+                ids=["1thread", "4threads", "4kernel-threads"])
 def threads(request):
     """The chunk pool with no helper, and with helpers beyond this machine's cores (CI has 2),
-    so that helpers lose their cores mid-call as on a loaded host."""
+    so that helpers lose their cores mid-call as on a loaded host: through torch's thread count,
+    and through the kernels' own (ops.set_cpu_threads, torch on one thread, as in an engine's
+    step on the GGUF path)."""
+    torch_threads, kernel_threads = request.param
     before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
+    torch.set_num_threads(torch_threads)
+    ops.set_cpu_threads(kernel_threads)
+    yield max(torch_threads, kernel_threads)
+    ops.set_cpu_threads(0)
     torch.set_num_threads(before)
+
+
+def pool_threads() -> int:
+    """Threads of this process now (the chunk pool's helpers are never torn down)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_kernel_threads_reach_the_pool_whatever_torch_says():
+    """With torch on one thread, ops.set_cpu_threads(n) still runs a GEMM on n threads: the
+    pool starts its n - 1 helpers (more than any other test here asks for)."""
+    qw = random_weight("q8_0", 960, 576)
+    x = torch.randn(16, 576)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ops.set_cpu_threads(24)
+        assert ops.cpu_threads() == 24
+        ops.quant_matmul(x, qw.data, qw.format, qw.rows)
+        assert pool_threads() >= 24
+    finally:
+        ops.set_cpu_threads(0)
+        torch.set_num_threads(before)
+    assert ops.cpu_threads() == 0
+    with pytest.raises(RuntimeError, match="set_cpu_threads"):
+        ops.set_cpu_threads(-1)
 
 
 def poisoned_matmul(x, qw):

@@ -2,6 +2,7 @@
 // the plain C++ library (CMakeLists.txt) that non-Python serving stacks link.
 #pragma once
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,8 +30,21 @@ inline T from_f(float x) { return static_cast<T>(x); }
 
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-// The threads a parallel loop may use: torch.set_num_threads under OpenMP, else one.
+// The kernels' own thread count, apart from torch's intra-op threads (ops.set_cpu_threads,
+// the engine's cpu_threads): 0 = follow torch.set_num_threads. Apart because the two pools
+// share the cores: torch's OpenMP workers spin after every small torch op between our kernels,
+// taking the core a chunk-pool helper needs (docs/DECISIONS.md, "CPU threads"). One counter per
+// process (a function-local static of an inline function is one object across the library).
+inline std::atomic<int>& kernel_threads() {
+  static std::atomic<int> threads{0};
+  return threads;
+}
+
+// The threads a parallel loop may use: the kernels' own count when set, else torch's
+// (torch.set_num_threads) under OpenMP, else one.
 inline int max_threads() {
+  const int own = kernel_threads().load(std::memory_order_relaxed);
+  if (own > 0) return own;
 #if defined(_OPENMP)
   return omp_get_max_threads();
 #else
@@ -41,8 +55,9 @@ inline int max_threads() {
 // A "parallel for" over [0, n), items claimed one at a time. Built with OpenMP on x86 it runs
 // on the chunk pool (chunk_pool.h: the caller never waits at a barrier for a helper that has
 // lost its core, which an OpenMP region does: measured, a 3-row top-k of the draft walk took
-// 4.7 ms under a load of 3 on 2 cores), with as many threads as OpenMP would use
-// (torch.set_num_threads); elsewhere an OpenMP loop, or serial without OpenMP.
+// 4.7 ms under a load of 3 on 2 cores), with the kernels' threads
+// (max_threads: cpu_threads, else torch.set_num_threads); elsewhere an OpenMP loop, or serial
+// without OpenMP.
 template <typename F>
 inline void parallel_for(int64_t n, F&& fn) {
 #if defined(DSPINE_PARALLEL_ON_CHUNK_POOL)
@@ -51,7 +66,7 @@ inline void parallel_for(int64_t n, F&& fn) {
   ChunkPool::instance().run(n, max_threads(), body,
                             const_cast<void*>(static_cast<const void*>(&fn)));
 #elif defined(_OPENMP)
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(max_threads()) if (n > 1)
   for (int64_t i = 0; i < n; ++i) fn(i);
 #else
   for (int64_t i = 0; i < n; ++i) fn(i);

@@ -97,11 +97,14 @@ QuantActs quantize_acts(const float* x, int64_t m, int64_t k) {
   a.d.resize(static_cast<size_t>(m * a.nb));
   a.s.resize(static_cast<size_t>(m * a.nb));
   const int64_t blocks = m * a.nb;
-  // Only a prompt's worth of rows pays for an OpenMP region (whose barrier stalls under load,
-  // chunk_pool.h): a 16-row block of a 2880-wide input is ~20 us of work on one thread.
-#pragma omp parallel for schedule(static) if (blocks >= 8192)
-  for (int64_t i = 0; i < blocks; ++i)
-    quantize_block(x + i * kBlock, a.q.data() + i * kBlock, a.d.data() + i, a.s.data() + i);
+  // Only a prompt's worth of rows is worth splitting (a 16-row block of a 2880-wide input is
+  // ~20 us of work on one thread): chunks of kActChunk blocks on the kernels' threads, so that
+  // a prompt runs on cpu_threads like every other kernel (not on torch's OpenMP team).
+  constexpr int64_t kActChunk = 1024;
+  parallel_for((blocks + kActChunk - 1) / kActChunk, kActChunk * kBlock, [&](int64_t c) {
+    for (int64_t i = c * kActChunk; i < std::min(blocks, (c + 1) * kActChunk); ++i)
+      quantize_block(x + i * kBlock, a.q.data() + i * kBlock, a.d.data() + i, a.s.data() + i);
+  });
   return a;
 }
 
@@ -367,7 +370,7 @@ void quant_matmul(const float* x, int64_t m, int64_t k, const uint8_t* w, Format
   if (m == 0 || n == 0) return;
   const QuantActs acts = quantize_acts(x, m, k);
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
-  const int threads = max_threads();  // follows torch.set_num_threads
+  const int threads = max_threads();  // the kernels' threads (common.h)
   // Threads split the outputs, never k, so an output's reduction order does not depend on them.
   // About 8 chunks a thread, claimed dynamically (chunk_pool.h says why not OpenMP).
   const int64_t chunk = std::max<int64_t>(1, tiles / (8 * threads));

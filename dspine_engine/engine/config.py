@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from os import PathLike
 
 from ..models.config import ModelConfigError
+from .cpu_threads import check_threads, env_threads
 from .spec_policy import POLICIES, verify_widths
 
 _POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_batch",
                   "tensor_parallel_size")
-_OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len")
+_OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len", "cpu_threads")
 
 
 @dataclass
@@ -42,6 +43,10 @@ class EngineConfig:
     # Ranks the target is sharded over (distributed/): 1 = this process alone; N > 1 starts
     # N - 1 worker processes (the layout is checked against the target before they start).
     tensor_parallel_size: int = 1
+    # Threads of the engine's own CPU kernels (None: $DSPINE_CPU_THREADS, else torch's thread
+    # count at start-up). On the GGUF path torch's small ops between them run on one thread
+    # during the engine's steps (engine/cpu_threads.py says why). Outputs never depend on it.
+    cpu_threads: int | None = None
 
     # Derived from the models by derive(); not arguments.
     block_size: int = field(default=1, init=False)  # tokens a round verifies per sequence
@@ -84,6 +89,10 @@ class EngineConfig:
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise ValueError(f"num_speculative_tokens must be a positive integer or None (the "
                              f"draft's block - 1), got {n!r}")
+        if self.cpu_threads is None:
+            env_threads()  # the default's source: a bad DSPINE_CPU_THREADS fails here too
+        else:
+            check_threads(self.cpu_threads, "cpu_threads")
         if self.spec_cost_profile is not None and not isinstance(self.spec_cost_profile,
                                                                  (str, PathLike)):
             raise ValueError(f"spec_cost_profile must be a path or None, got "

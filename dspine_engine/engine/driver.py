@@ -136,9 +136,10 @@ class LoopDriver:
         if not batch:
             return False
         try:
-            new_tokens = (self._prefill(admitted) if admitted
-                          else speculative_round(self.runner, self.scheduler, batch, self.stats,
-                                                 self.policy))
+            with self.runner.threads():
+                new_tokens = (self._prefill(admitted) if admitted
+                              else speculative_round(self.runner, self.scheduler, batch,
+                                                     self.stats, self.policy))
         except EngineDeadError as e:
             log.error("engine stopped: %s", e)
             self._fail_all(f"{type(e).__name__}: {e}")

@@ -29,6 +29,7 @@ from ..models.target import TargetModel
 from ..models.tokenizer import Tokenizer
 from .cache_manager import CacheManager, PagedKVSpec
 from .config import EngineConfig
+from .cpu_threads import CpuThreads
 from .cuda_graphs import graph_sizes
 from .detokenizer import IncrementalDetokenizer
 from .driver import LoopDriver
@@ -143,7 +144,8 @@ class Engine:
                  max_prefill_tokens=_DEFAULT, max_model_len=_DEFAULT, cuda_graphs=_DEFAULT,
                  admission_batch=_DEFAULT, spec_policy=_DEFAULT,
                  num_speculative_tokens=_DEFAULT, spec_cost_profile=_DEFAULT,
-                 reprofile=_DEFAULT, tensor_parallel_size=_DEFAULT, progress: bool = True,
+                 reprofile=_DEFAULT, tensor_parallel_size=_DEFAULT, cpu_threads=_DEFAULT,
+                 progress: bool = True,
                  config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
@@ -164,7 +166,10 @@ class Engine:
         reads a given profile) and each request's acceptance (spec_policy.py).
         ``tensor_parallel_size`` N > 1 shards the target over N processes (this one and N - 1
         workers it starts; distributed/): the API and the outputs stay those of one process;
-        `close()` (or ``with Engine(...)``, or the interpreter's exit) stops the workers. Every
+        `close()` (or ``with Engine(...)``, or the interpreter's exit) stops the workers.
+        ``cpu_threads`` (CPU only) runs the engine's kernels on that many threads (default:
+        ``DSPINE_CPU_THREADS``, else torch's thread count); on the GGUF path torch's own small
+        ops run on one thread during the engine's steps (cpu_threads.py). Every
         value, and the tensor-parallel layout, is checked before anything loads or starts
         (ValueError naming it)."""
         from ..models.default_model import gguf_source, resolve_model_path
@@ -175,7 +180,8 @@ class Engine:
             max_prefill_tokens=max_prefill_tokens, max_model_len=max_model_len,
             cuda_graphs=cuda_graphs, admission_batch=admission_batch, spec_policy=spec_policy,
             num_speculative_tokens=num_speculative_tokens, spec_cost_profile=spec_cost_profile,
-            reprofile=reprofile, tensor_parallel_size=tensor_parallel_size).items()
+            reprofile=reprofile, tensor_parallel_size=tensor_parallel_size,
+            cpu_threads=cpu_threads).items()
             if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
@@ -221,8 +227,9 @@ class Engine:
                                    c.admission_batch)
         use_graphs = c.cuda_graphs and self.device.type == "cuda" and self._workers is None
         sizes = graph_sizes(c.max_num_seqs) if use_graphs else []
+        threads = CpuThreads.for_engine(self.device, c.cpu_threads, self.quantized)
         self.runner = ModelRunner(self.target, self.draft, self.cache,
-                                  max_batch=max([c.max_num_seqs] + sizes))
+                                  max_batch=max([c.max_num_seqs] + sizes), threads=threads)
         if use_graphs:
             self._capture_graphs(sizes, progress)
         self.policy = build_policy(c, self.runner, self._identity(), progress)
@@ -299,7 +306,13 @@ class Engine:
                 "draft": dataclasses.asdict(self.draft.config) if self.draft else None,
                 "graphs": self.runner.graphs is not None, "page_size": self.config.page_size,
                 "tensor_parallel_size": self.config.tensor_parallel_size,
-                "torch": torch.__version__}
+                "torch": torch.__version__, **self._thread_identity()}
+
+    def _thread_identity(self) -> dict:
+        """The CPU's thread counts (a round's cost follows them); nothing on CUDA, whose
+        profiles keep their key."""
+        threads = self.runner.cpu_threads
+        return {} if threads is None else {"cpu_threads": [threads.kernels, threads.torch_ops]}
 
     def _capture_graphs(self, sizes: list[int], progress: bool) -> None:
         try:

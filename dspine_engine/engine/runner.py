@@ -21,14 +21,16 @@ from ..models.attention_meta import AttnMeta
 from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from .cache_manager import CacheManager, PagedCache
+from .cpu_threads import CpuThreads, scope
 from .round_inputs import RoundInputs
 from .sequence import Sequence
 
 
 class ModelRunner:
     def __init__(self, target: TargetModel, draft: DSpineDraft | None, cache: CacheManager,
-                 max_batch: int):
+                 max_batch: int, threads: CpuThreads | None = None):
         self.target, self.draft, self.cache = target, draft, cache
+        self.cpu_threads = threads  # the CPU's thread counts for the engine's work (None: CUDA)
         self.device = target.device
         self.block = cache.block
         self.taps = tuple(draft.config.target_layer_ids) if draft is not None else ()
@@ -143,14 +145,21 @@ class ModelRunner:
 
     def padding_round(self, b: int, tokens: int) -> None:
         """One whole round on ``b`` padding rows (they read page 0 and write nothing) at
-        ``tokens`` verified per row, host sync included: what verify_cost.py times."""
-        self.stage_padding(b, tokens)
-        if tokens > 1:
-            self.propose()
-        elif self.draft is not None:
-            self.catch_up_context()
-        self.verify()
-        self.accept()
+        ``tokens`` verified per row, host sync included: what verify_cost.py times (under the
+        engine's CPU threads, as a real round is)."""
+        with self.threads():
+            self.stage_padding(b, tokens)
+            if tokens > 1:
+                self.propose()
+            elif self.draft is not None:
+                self.catch_up_context()
+            self.verify()
+            self.accept()
+
+    def threads(self):
+        """A scope running its block under the engine's CPU thread counts (cpu_threads.py);
+        a no-op on CUDA. Every step and every padding round runs in one."""
+        return scope(self.cpu_threads)
 
     def stage_padding(self, b: int, tokens: int) -> None:
         """Prepares a round of ``b`` padding rows at ``tokens`` verified per row."""

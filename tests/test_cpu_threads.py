@@ -1,0 +1,81 @@
+"""The engine's CPU threads (engine/cpu_threads.py, EngineConfig.cpu_threads): kernels on their
+own thread count, torch's ops on one thread during the GGUF path's steps, both restored after;
+and no output bit depends on the count (greedy, default model, AR and speculative, batch 1 and
+batched)."""
+import pytest
+import torch
+
+from dspine_engine import Engine, SamplingParams, ops
+from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
+from dspine_engine.engine.cpu_threads import ENV, CpuThreads
+
+NEW_TOKENS = 40
+
+
+def counts() -> tuple[int, int]:
+    return torch.get_num_threads(), ops.cpu_threads()
+
+
+def test_scope_sets_the_counts_and_restores_them():
+    before = counts()
+    threads = CpuThreads(kernels=3, torch_ops=1)
+    with threads.scope():
+        assert counts() == (1, 3)
+        with CpuThreads(kernels=2, torch_ops=None).scope():  # torch's count left alone
+            assert counts() == (1, 2)
+        assert counts() == (1, 3)
+    assert counts() == before
+    with pytest.raises(KeyError), threads.scope():
+        raise KeyError("a failed step")
+    assert counts() == before
+
+
+def test_engine_setting_env_and_defaults(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert CpuThreads.for_engine(cuda, 4, quantized=False) is None  # CUDA: nothing changes
+    monkeypatch.delenv(ENV, raising=False)
+    default = CpuThreads.for_engine(cpu, None, quantized=True)
+    assert (default.kernels, default.torch_ops) == (torch.get_num_threads(), 1)
+    assert CpuThreads.for_engine(cpu, None, quantized=False).torch_ops is None  # fp32 matmuls
+    monkeypatch.setenv(ENV, "3")
+    assert CpuThreads.for_engine(cpu, None, quantized=True).kernels == 3
+    assert CpuThreads.for_engine(cpu, 5, quantized=True).kernels == 5  # the setting wins
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return humaneval_prompts()[:2] + mtbench_prompts()[:2]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_quant_engine, prompts):
+    """Plain greedy decoding on the GGUF blocks under the default thread setting, batched."""
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    return [r.token_ids for r in smollm2_quant_engine.generate(prompts, params)]
+
+
+def record_step_counts(engine) -> list:
+    """Wraps the verify forward so that each call records the thread counts it ran under."""
+    seen, verify = [], engine.runner.verify
+
+    def recorded():
+        seen.append(counts())
+        return verify()
+    engine.runner.verify = recorded
+    return seen
+
+
+@pytest.mark.parametrize("cpu_threads", [1, 3])
+@pytest.mark.parametrize("draft", [None, "default"], ids=["ar", "spec"])
+def test_outputs_are_identical_whatever_the_threads(cpu_threads, draft, prompts, reference):
+    before = counts()
+    eng = Engine(None, draft=draft, device="cpu", dtype="gguf", progress=False, max_num_seqs=4,
+                 spec_policy="fixed", cpu_threads=cpu_threads)
+    seen = record_step_counts(eng)
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    assert [r.token_ids for r in eng.generate(prompts, params)] == reference
+    assert [eng.generate(p, params)[0].token_ids for p in prompts[1:3]] == reference[1:3]
+    assert seen and set(seen) == {(1, cpu_threads)}, "steps ran under other thread counts"
+    assert counts() == before, "the engine left its thread counts behind"
+    if draft is not None:
+        assert eng.stats.tau > 1.2, f"the drafter is barely accepted (tau {eng.stats.tau:.2f})"
