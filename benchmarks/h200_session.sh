@@ -29,6 +29,8 @@
 #               check, end to end AR vs DSpine (fixed and dynamic verification, answers ending
 #               at EOS), the step table, training speed;
 #               returns results + drafters.                                          ~8 min
+#               MEASURE="policytrace": auto vs fixed at c=1 as is and with one-thread CPU
+#               pools, and the process's threads mid-run (issue 11's c=1 gap).      ~2 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -257,16 +259,31 @@ if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR .
   timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine $also \
     --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
   say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack;; esac
-  case " $MEASURE " in *" e2e "*)
+  case " $MEASURE " in *" e2e "*|*" policytrace "*)  # the end-to-end prompts: 40 MT-Bench + 40 HumanEval
   python3 -c "
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
 ps = mtbench_prompts()[:40] + humaneval_prompts()[:40]
-open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' for p in ps))"
+open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' for p in ps))";; esac
+  case " $MEASURE " in *" e2e "*)
   # The answers users get (stop at EOS), AR vs DSpine under fixed and dynamic verification.
   timeout 300 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
     --draft dspine=$R/dspine --spec-policy fixed auto --reprofile --stop-at-eos --concurrency 64 32 8 1 \
     --out $R --name e2e_h200 --quiet > $R/logs/e2e.log 2>&1
   say "e2e rc $?"; pack;; esac
+  case " $MEASURE " in *" policytrace "*)  # issue 11: why auto is 0.92x of fixed at c=1 (full
+  # blocks both): the same c=1 run as is and with one-thread CPU pools, and the auto process's
+  # threads with their CPU use mid-run (host lines ran ~2x slower under auto, not the policy's)
+  head -40 $S/e2e_prompts.jsonl > $S/trace_prompts.jsonl
+  for omp in default 1; do
+    ( [ $omp = 1 ] && export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+      python3 -m dspine_engine.cli.bench e2e --prompts $S/trace_prompts.jsonl --max-new-tokens 256 \
+        --draft dspine=$W/dspine_engine/drafters/smollm2-135m-dspine --spec-policy fixed auto --no-ar \
+        --stop-at-eos --concurrency 1 --out $R --name policytrace_omp_$omp --quiet \
+        > $R/logs/policytrace_omp_$omp.log 2>&1 ) &
+    sleep 40; ps -L -o pid,tid,pcpu,stat,comm -p "$(pgrep -f "name policytrace_omp_$omp" | head -1)" \
+      > $R/logs/policytrace_threads_omp_$omp.txt 2>&1; wait
+    say "policy trace omp $omp: $(grep -E "c=1" $R/logs/policytrace_omp_$omp.log | tr '\n' ';')"
+  done; pack;; esac
   case " $MEASURE " in *" tests "*)  # the engine's GPU tests alone on the GPU (no generators beside)
   timeout 200 python3 -m pytest -q -m gpu -n 4 tests/test_engine_gpu.py tests/test_spec_policy_gpu.py \
     tests/test_hybrid_engine.py -rf > $R/logs/engine_gpu_tests.log 2>&1
