@@ -280,7 +280,7 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
         --draft dspine=$W/dspine_engine/drafters/smollm2-135m-dspine --spec-policy fixed auto --no-ar \
         --stop-at-eos --concurrency 1 --out $R --name policytrace_omp_$omp --quiet \
         > $R/logs/policytrace_omp_$omp.log 2>&1 ) &
-    sleep 40; ps -L -o pid,tid,pcpu,stat,comm -p "$(pgrep -f "name policytrace_omp_$omp" | head -1)" \
+    sleep 20; ps -L -o pid,tid,pcpu,stat,comm -p "$(pgrep -f "name policytrace_omp_$omp" | head -1)" \
       > $R/logs/policytrace_threads_omp_$omp.txt 2>&1; wait
     say "policy trace omp $omp: $(grep -E "c=1" $R/logs/policytrace_omp_$omp.log | tr '\n' ';')"
   done; pack;; esac
