@@ -101,6 +101,17 @@ const char* dspine_last_error(void) { return last_error().c_str(); }
 
 const char* dspine_version(void) { return DSPINE_VERSION; }
 
+dspine_status dspine_set_cpu_threads(int64_t n) {
+  return guarded([&] {
+    using dspine::cpu::kMaxKernelThreads;
+    require(n >= 0 && n <= kMaxKernelThreads, "set_cpu_threads: n must be 0 (follow OpenMP) or 1..",
+            kMaxKernelThreads, " (got ", n, ")");
+    dspine::cpu::kernel_threads().store(static_cast<int>(n));
+  });
+}
+
+int64_t dspine_cpu_threads(void) { return dspine::cpu::kernel_threads().load(); }
+
 dspine_status dspine_cpu_rms_norm_f32(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
                                       float eps) {
   return guarded([&] {

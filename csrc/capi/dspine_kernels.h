@@ -52,6 +52,14 @@ DSPINE_API const char* dspine_last_error(void);
 /* The library version, "MAJOR.MINOR.PATCH". */
 DSPINE_API const char* dspine_version(void);
 
+/* The kernels' threads, for the whole process: n in 1..4096 fixes them, 0 (the default) follows
+ * OpenMP's count (omp_set_num_threads, OMP_NUM_THREADS; one thread without OpenMP). Outputs do
+ * not depend on it: each output is reduced in the same order whatever thread computes it. */
+DSPINE_API dspine_status dspine_set_cpu_threads(int64_t n);
+
+/* The count dspine_set_cpu_threads set (0: following OpenMP). */
+DSPINE_API int64_t dspine_cpu_threads(void);
+
 /* ---- RMSNorm ------------------------------------------------------------------------------ */
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for `rows` rows of `dim` values.

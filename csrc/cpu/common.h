@@ -35,6 +35,7 @@ inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 // share the cores: torch's OpenMP workers spin after every small torch op between our kernels,
 // taking the core a chunk-pool helper needs (docs/DECISIONS.md, "CPU threads"). One counter per
 // process (a function-local static of an inline function is one object across the library).
+constexpr int kMaxKernelThreads = 4096;  // the most a setter accepts (torch op and C API)
 inline std::atomic<int>& kernel_threads() {
   static std::atomic<int> threads{0};
   return threads;

@@ -9,7 +9,8 @@ namespace cpu {
 
 // n > 0 fixes the kernels' threads; 0 makes them follow torch.set_num_threads again.
 void set_cpu_threads(int64_t n) {
-  TORCH_CHECK(n >= 0 && n <= 4096, "set_cpu_threads: n must be 0 (follow torch) or 1..4096, got ", n);
+  TORCH_CHECK(n >= 0 && n <= kMaxKernelThreads, "set_cpu_threads: n must be 0 (follow torch) or 1..",
+              kMaxKernelThreads, ", got ", n);
   kernel_threads().store(static_cast<int>(n));
 }
 

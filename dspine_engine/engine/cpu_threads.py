@@ -20,7 +20,7 @@ import torch
 from .. import ops
 
 ENV = "DSPINE_CPU_THREADS"
-MAX_THREADS = 4096  # what ops.set_cpu_threads accepts (csrc/cpu/thread_bindings.cpp)
+MAX_THREADS = 4096  # what ops.set_cpu_threads accepts (kMaxKernelThreads, csrc/cpu/common.h)
 
 
 def check_threads(value: int, name: str) -> None:

@@ -120,10 +120,22 @@ void sampling_errors() {
         str("greedy verify: accept ", accept[0], ", tokens ", out_tokens[0], " ", out_tokens[1], " ", out_tokens[2]));
 }
 
+void thread_setting_errors() {
+  check(dspine_cpu_threads() == 0, "the kernels follow OpenMP until told otherwise");
+  check_ok(dspine_set_cpu_threads(3), "set_cpu_threads 3");
+  check(dspine_cpu_threads() == 3, "set_cpu_threads(3) is what dspine_cpu_threads reports");
+  expect_rejected(dspine_set_cpu_threads(-1), "set_cpu_threads -1", "got -1");
+  expect_rejected(dspine_set_cpu_threads(4097), "set_cpu_threads 4097", "got 4097");
+  check(dspine_cpu_threads() == 3, "a refused count leaves the setting as it was");
+  check_ok(dspine_set_cpu_threads(0), "set_cpu_threads 0");
+  check(dspine_cpu_threads() == 0, "0 follows OpenMP again");
+}
+
 }  // namespace
 
 void test_errors() {
   check(std::string(dspine_version()).size() >= 5, "dspine_version() looks like MAJOR.MINOR.PATCH");
+  thread_setting_errors();
   norm_and_rope_errors();
   write_kv_errors();
   attention_errors();
