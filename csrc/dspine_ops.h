@@ -1,6 +1,7 @@
-// The ops of dspine_engine, as torch sees them (the table: op_table.h). Each has a CPU entry point
-// (csrc/cpu) and, when built with CUDA, a CUDA entry point (csrc/cuda); ops.cpp registers both under one schema, so
-// `torch.ops.dspine.<name>` dispatches on the device of its inputs. Semantics: dspine_engine/ops.py.
+// The ops of dspine_engine, as torch sees them (the table: op_table.h). Each has a CPU entry
+// point (csrc/cpu) and, when built with CUDA, a CUDA entry point (csrc/cuda); ops.cpp registers
+// both under one schema, so `torch.ops.dspine.<name>` dispatches on the device of its inputs.
+// Semantics: dspine_engine/ops.py.
 #pragma once
 
 #include <torch/all.h>
