@@ -224,6 +224,10 @@ fi
 if [ "$MODE" = fit ]; then
   sync_tree; cd $W
   [ -f $S/data_stats.txt ] || data_stats  # the data call returned before its generators ended
+  # A call may run 600 s: the fit gets what waiting for the generators left (sizing keeps
+  # `fit --max-minutes` inside its budget with ~50 s to spare, hence the small margin here).
+  FIT_MIN=$(python3 -c "print(round(min($FIT_MIN, (575 - $(( $(date +%s) - t0 ))) / 60), 2))")
+  say "fit budget $FIT_MIN min"
   # A twin continues a pair: its DSpine half is the shipped drafter unless INIT_DRAFT says otherwise.
   [ -n "${INIT_TWIN:-}" ] && INIT_DRAFT=${INIT_DRAFT:-$W/dspine_engine/drafters/smollm2-135m-dspine}
   init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
