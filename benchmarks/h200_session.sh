@@ -29,8 +29,8 @@
 #               check, end to end AR vs DSpine (fixed and dynamic verification, answers ending
 #               at EOS), the step table, training speed;
 #               returns results + drafters.                                          ~8 min
-#               MEASURE="policytrace": auto vs fixed at c=1 as is and with one-thread CPU
-#               pools, and the process's threads mid-run (issue 11's c=1 gap).      ~2 min
+#               MEASURE="policytrace": auto vs fixed at c=1 on fresh engines, twice, and the
+#               process's threads mid-run (issue 11's c=1 gap; e2e's c=1 comes after c=8). ~2 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -258,9 +258,11 @@ if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR .
   sync_tree; cd $W                # to the acceptance table (e.g. the shipped one, side by side)
   MEASURE=${MEASURE:-eval e2e steps speed}  # and "tests": the engine's GPU tests on a free GPU
   also=""; for d in ${EVAL_ALSO:-}; do also="$also --draft $d"; done
+  # The drafter measured: this run's fit, or the shipped one when no fit ran on this machine.
+  drafter=$R/dspine; [ -f $drafter/config.json ] || drafter=$W/dspine_engine/drafters/smollm2-135m-dspine
   case " $MEASURE " in *" eval "*)
   for d in dflash dspine_a0; do [ -f $R/$d/config.json ] && also="--draft $d=$R/$d $also"; done
-  timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$R/dspine $also \
+  timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$drafter $also \
     --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
   say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack;; esac
   case " $MEASURE " in *" e2e "*|*" policytrace "*)  # the end-to-end prompts: 40 MT-Bench + 40 HumanEval
@@ -271,22 +273,20 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   case " $MEASURE " in *" e2e "*)
   # The answers users get (stop at EOS), AR vs DSpine under fixed and dynamic verification.
   timeout 300 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 \
-    --draft dspine=$R/dspine --spec-policy fixed auto --reprofile --stop-at-eos --concurrency 64 32 8 1 \
+    --draft dspine=$drafter --spec-policy fixed auto --reprofile --stop-at-eos --concurrency 64 32 8 1 \
     --out $R --name e2e_h200 --quiet > $R/logs/e2e.log 2>&1
   say "e2e rc $?"; pack;; esac
-  case " $MEASURE " in *" policytrace "*)  # issue 11: why auto is 0.92x of fixed at c=1 (full
-  # blocks both): the same c=1 run as is and with one-thread CPU pools, and the auto process's
-  # threads with their CPU use mid-run (host lines ran ~2x slower under auto, not the policy's)
+  case " $MEASURE " in *" policytrace "*)  # issue 11: auto vs fixed at c=1, each a fresh engine
+  # (e2e's c=1 runs after c=64/32/8 on the same engines), twice, and the process's threads mid-run
   head -40 $S/e2e_prompts.jsonl > $S/trace_prompts.jsonl
-  for omp in default 1; do
-    ( [ $omp = 1 ] && export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-      python3 -m dspine_engine.cli.bench e2e --prompts $S/trace_prompts.jsonl --max-new-tokens 256 \
-        --draft dspine=$W/dspine_engine/drafters/smollm2-135m-dspine --spec-policy fixed auto --no-ar \
-        --stop-at-eos --concurrency 1 --out $R --name policytrace_omp_$omp --quiet \
-        > $R/logs/policytrace_omp_$omp.log 2>&1 ) &
-    sleep 20; ps -L -o pid,tid,pcpu,stat,comm -p "$(pgrep -f "name policytrace_omp_$omp" | head -1)" \
-      > $R/logs/policytrace_threads_omp_$omp.txt 2>&1; wait
-    say "policy trace omp $omp: $(grep -E "c=1" $R/logs/policytrace_omp_$omp.log | tr '\n' ';')"
+  for rep in 1 2; do
+    python3 -m dspine_engine.cli.bench e2e --prompts $S/trace_prompts.jsonl --max-new-tokens 256 \
+      --draft dspine=$drafter --spec-policy fixed auto \
+      --no-ar --stop-at-eos --concurrency 1 --out $R --name policytrace_$rep --quiet \
+      > $R/logs/policytrace_$rep.log 2>&1 &
+    sleep 20; ps -L -o pid,tid,pcpu,stat,comm -p "$(pgrep -f "name policytrace_$rep" | head -1)" \
+      > $R/logs/policytrace_threads_$rep.txt 2>&1; wait
+    say "policy trace $rep: $(grep -E "c=1" $R/logs/policytrace_$rep.log | tr '\n' ';')"
   done; pack;; esac
   case " $MEASURE " in *" tests "*)  # the engine's GPU tests alone on the GPU (no generators beside)
   timeout 200 python3 -m pytest -q -m gpu -n 4 tests/test_engine_gpu.py tests/test_spec_policy_gpu.py \
