@@ -256,6 +256,7 @@ fi
 
 if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR ..." adds drafters
   sync_tree; cd $W                # to the acceptance table (e.g. the shipped one, side by side)
+  wait_build; convert_model >/dev/null || exit 1  # a measure right after the stage calls
   MEASURE=${MEASURE:-eval e2e steps speed}  # and "tests": the engine's GPU tests on a free GPU
   also=""; for d in ${EVAL_ALSO:-}; do also="$also --draft $d"; done
   # The drafter measured: this run's fit, or the shipped one when no fit ran on this machine.
