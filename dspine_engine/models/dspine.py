@@ -312,17 +312,19 @@ class DSpineDraft(nn.Module):
                 drafts: int | None = None):
         """One draft round for a batch of blocks: `forward`, the heads, the transition walk.
         Returns (tokens, cand_ids, cand_probs) for the first ``drafts`` positions (default all
-        B-1); arguments as `forward`, plus the walk's ``temperature [b]`` and
-        ``uniforms [b, B-1]``.
+        the block's); arguments as `forward`, plus the walk's ``temperature [b]`` and
+        ``uniforms [b, >= drafts]``.
 
-        The layers always run over the whole block (its attention is bidirectional: a shorter
-        block would change every proposal), but the heads and the walk only over the drafts
-        the round verifies: the walk chooses d_j from d_{j-1} alone, so the first J drafts are
-        the same whether or not the later ones are chosen (on the CPU the lm_head over 15 rows
-        is a third of the draft forward)."""
+        The layers run over the block ``meta`` describes: the whole block, or (the engine's
+        ``draft_block``) only the anchor and the drafts the round verifies, which changes the
+        proposals a little (the block's attention is bidirectional). The heads and the walk
+        run only over the drafts the round verifies: the walk chooses d_j from d_{j-1} alone,
+        so the first J drafts are the same whether or not the later ones are chosen (on the
+        CPU the lm_head over 15 rows is a third of a whole-block draft forward)."""
         hn = self(anchors, ctx_taps, ctx_positions, ctx_slots, meta, k_caches, v_caches)
         if drafts is not None and drafts < hn.shape[1]:
-            hn, uniforms = hn[:, :drafts], uniforms[:, :drafts]
+            hn = hn[:, :drafts]
+        uniforms = uniforms[:, :hn.shape[1]]
         logits, g = self.heads(hn)
         tables = self.bound.transition
         pair = None if tables is None else (g, tables.pred, tables.succ)
@@ -339,13 +341,14 @@ class DSpineDraft(nn.Module):
     def forward(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
                 v_caches) -> torch.Tensor:
         """The draft layers over a batch of blocks on the paged draft cache; returns the
-        final-normed states of positions 1..B-1, ``[b, B-1, H]`` (what both heads read).
+        final-normed states of positions 1..L-1, ``[b, L-1, H]`` (what both heads read), for
+        blocks of L = ``meta.max_q_len`` positions (B, or fewer: `propose`).
 
-        ``anchors [b]``; ``ctx_taps [b*B, taps]`` the pending context rows at ``ctx_positions``
+        ``anchors [b]``; ``ctx_taps [b*R, taps]`` the pending context rows at ``ctx_positions``
         (written to ``ctx_slots`` first; padding rows have slot -1); ``meta`` describes the
-        blocks (positions p..p+B-1, kv_lens p+B, bidirectional)."""
+        blocks (positions p..p+L-1, kv_lens p+L, bidirectional)."""
         c, bd = self.config, self.bound
-        bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
+        bsz, blk, h = anchors.shape[0], meta.max_q_len, c.hidden_size
         hidden = bd.mask_row.expand(bsz, blk, h).clone()
         hidden[:, 0] = embedding_rows(bd.embed, anchors)
         hidden = hidden.view(bsz * blk, h)
@@ -374,7 +377,8 @@ class DSpineDraft(nn.Module):
     def _inject(self, inj: Injection, tables: InjectionTables, hidden: torch.Tensor,
                 anchors: torch.Tensor) -> torch.Tensor:
         c = self.config
-        bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
+        bsz, h = anchors.shape[0], c.hidden_size
+        blk = hidden.shape[0] // bsz  # the block's length (`forward`)
         hn = ops.rms_norm(hidden, inj.norm.weight, c.rms_norm_eps)
         f = tables.predictor(hn).view(bsz, blk, h)
         f[:, 0] = embedding_rows(self.bound.lm_head, anchors)  # the anchor's feature is exact
