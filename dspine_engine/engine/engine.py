@@ -267,9 +267,10 @@ class Engine:
 
     @property
     def draft_weight_format(self) -> str | None:
-        """How the draft's projections are held: Q8_0 blocks beside a quantised (CPU) target,
-        so the whole round runs on the quantised kernels; else the engine's dtype (None)."""
-        return "q8_0" if self.quantized and self.draft is not None else None
+        """How the draft's projections (and its heads' lm_head) are held: Q4_1 blocks beside a
+        quantised (CPU) target, so the whole round runs on the quantised kernels and the draft
+        reads as few bytes as the target's layers; else the engine's dtype (None)."""
+        return "q4_1" if self.quantized and self.draft is not None else None
 
     @property
     def block(self) -> int:
