@@ -10,11 +10,16 @@ Configurations (--configs, comma-separated):
   llamacpp     llama.cpp through llama-cpp-python (installed with --install if missing; it is
                not a dependency of the project)
   gguf         ours, autoregressive, on the GGUF's own Q4_1/Q8_0 blocks (the CPU default)
-  gguf-spec    ours on the same blocks, speculative with the shipped DSpine drafter
+  gguf-spec    ours on the same blocks, speculative with the shipped DSpine drafter, every
+               round verifying the whole block (spec_policy fixed)
+  gguf-spec4   the same, every round verifying 3 drafts (fixed, num_speculative_tokens 3)
+  gguf-auto    the same under dynamic verification (spec_policy auto: its cached cost
+               profile, measured on first use)
   fp32         ours, autoregressive, dequantised fp32 weights (dtype="float32")
 
     python benchmarks/cpu_vs_llamacpp.py [--configs llamacpp,gguf,gguf-spec,fp32]
-        [--prompts 4] [--repeats 3] [--new-tokens 128] [--threads 2] [--context 0] [--install]
+        [--prompts 4] [--prompt-set mtbench|humaneval] [--repeats 3] [--new-tokens 128]
+        [--threads 2] [--context 0] [--out-name NAME] [--install]
 
 --context T puts a document before each question so that every prompt holds T tokens (the
 other MT-Bench questions, repeated: decoding then reads a long KV cache, where attention
@@ -39,7 +44,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import markdown_table, run_info, save_json, update_doc_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ("llamacpp", "gguf", "gguf-spec", "fp32")
+CONFIGS = ("llamacpp", "gguf", "gguf-spec", "gguf-spec4", "gguf-auto", "fp32")
+# The drafted configurations: their engine settings beside draft="default".
+SPEC_SETTINGS = {"gguf-spec": dict(spec_policy="fixed"),
+                 "gguf-spec4": dict(spec_policy="fixed", num_speculative_tokens=3),
+                 "gguf-auto": dict(spec_policy="auto")}
 WARMUP_TOKENS = 8
 
 
@@ -80,9 +89,11 @@ def _worker_ours(job: dict) -> dict:
     from dspine_engine import Engine, SamplingParams
 
     config = job["config"]
-    engine = Engine(None, draft="default" if config == "gguf-spec" else None,
+    drafted = SPEC_SETTINGS.get(config)
+    engine = Engine(None, draft="default" if drafted else None,
                     device="cpu", dtype="float32" if config == "fp32" else "gguf",
-                    progress=False, max_num_seqs=1, kv_cache_tokens=job["n_ctx"])
+                    progress=False, max_num_seqs=1, kv_cache_tokens=job["n_ctx"],
+                    **(drafted or {}))
     engine.generate([job["warmup_ids"]], SamplingParams(max_tokens=WARMUP_TOKENS,
                                                         ignore_eos=True))
     start = time.perf_counter()
@@ -158,7 +169,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--prompts", type=int, default=4, help="MT-Bench chat prompts")
+    ap.add_argument("--prompts", type=int, default=4, help="chat prompts of --prompt-set")
+    ap.add_argument("--prompt-set", choices=("mtbench", "humaneval"), default="mtbench")
+    ap.add_argument("--out-name", help="results JSON name (default cpu_vs_llamacpp[_ctxT])")
     ap.add_argument("--repeats", type=int, default=3, help="runs of every (config, prompt)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
@@ -181,13 +194,13 @@ def main() -> None:
 
     from tqdm.auto import tqdm
 
-    from dspine_engine.datasets import mtbench_prompts
+    from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
     from dspine_engine.models.default_model import default_gguf_path, default_model_dir
     from dspine_engine.models.tokenizer import Tokenizer
 
     gguf = str(default_gguf_path())
     tokenizer = Tokenizer(default_model_dir())
-    questions = mtbench_prompts()
+    questions = mtbench_prompts() if args.prompt_set == "mtbench" else humaneval_prompts()
     ids = [_prompt_ids(tokenizer, q, questions, args.context)
            for q in questions[:args.prompts + 1]]
     warmup, ids = ids[-1], ids[:-1]
@@ -215,11 +228,12 @@ def main() -> None:
                                             for r in rows]}
     if "llamacpp" in configs and "gguf" in configs:
         payload["greedy_agreement_gguf_vs_llamacpp"] = _agreement(rows, "gguf", "llamacpp")
-    if "gguf" in configs and "gguf-spec" in configs:
-        payload["greedy_agreement_spec_vs_ar"] = _agreement(rows, "gguf-spec", "gguf")
+    for spec in [c for c in configs if c in SPEC_SETTINGS and "gguf" in configs]:
+        payload[f"greedy_agreement_{spec}_vs_ar"] = _agreement(rows, spec, "gguf")
     payload["context_tokens"] = args.context
+    payload["prompt_set"] = args.prompt_set
     suffix = f"_ctx{args.context}" if args.context else ""
-    save_json("cpu_vs_llamacpp" + suffix, payload)
+    save_json(args.out_name or "cpu_vs_llamacpp" + suffix, payload)
     body = _table(payload, configs)
     print(body)
     if not args.no_doc:
@@ -241,11 +255,15 @@ def _prompt_ids(tokenizer, question: str, others: list[str], context: int) -> li
     return tokenizer.encode_chat([{"role": "user", "content": content}])
 
 
+_SET_NAMES = {"mtbench": "MT-Bench", "humaneval": "HumanEval"}
+
+
 def _table(payload: dict, configs: list[str]) -> str:
     s = payload["summary"]
     names = {"llamacpp": f"llama.cpp (llama-cpp-python {payload['llama_cpp_python']})",
              "gguf": "ours, GGUF blocks (default)", "gguf-spec": "ours, GGUF + shipped drafter",
-             "fp32": "ours, fp32"}
+             "gguf-spec4": "ours, GGUF + shipped drafter, 3 drafts a round",
+             "gguf-auto": "ours, GGUF + shipped drafter, auto policy", "fp32": "ours, fp32"}
     base = s.get("llamacpp") or s.get("gguf")
 
     def cell(c, key, digits=1):
@@ -259,7 +277,8 @@ def _table(payload: dict, configs: list[str]) -> str:
     table = markdown_table(["configuration", "decode tok/s", "end-to-end tok/s",
                             "prefill tok/s", "peak RSS MB", "tau", "decode vs first"], rows)
     notes = [f"SmolLM2-135M-Instruct, its own Q4_1 GGUF ({Path(payload['gguf']).name}), greedy, "
-             f"{payload['prompts']} MT-Bench chat prompts"
+             f"{payload['prompts']} {_SET_NAMES[payload.get('prompt_set', 'mtbench')]} chat "
+             "prompts"
              + (f" of {payload['context_tokens']} tokens (a document of the other questions "
                 "before each)" if payload.get("context_tokens") else "")
              + f" x {payload['new_tokens']} new tokens "
@@ -271,10 +290,11 @@ def _table(payload: dict, configs: list[str]) -> str:
         a = payload["greedy_agreement_gguf_vs_llamacpp"]
         notes.append(f"Greedy answers identical to llama.cpp's: {a['identical']} (first "
                      f"differing token per prompt and repeat: {a['first_divergence']}).")
-    if "greedy_agreement_spec_vs_ar" in payload:
-        a = payload["greedy_agreement_spec_vs_ar"]
-        notes.append(f"Speculative vs autoregressive (ours, same blocks): {a['identical']} "
-                     "identical.")
+    for spec in SPEC_SETTINGS:
+        if f"greedy_agreement_{spec}_vs_ar" in payload:
+            a = payload[f"greedy_agreement_{spec}_vs_ar"]
+            notes.append(f"{spec} vs autoregressive (ours, same blocks): {a['identical']} "
+                         "identical.")
     return "\n\n".join(notes) + "\n\n" + table + "\n"
 
 

@@ -8,9 +8,15 @@ Timers around the runner's and the draft's pieces (`ModelRunner.propose` / `veri
 The rest of `propose` (its layers: projections, attention, norms, the injection, the context
 write) is ``propose - context - heads - walk``.
 
-    python benchmarks/round_profile.py [--device cpu] [--reps 11] [--out DIR]
+    python benchmarks/round_profile.py [--device cpu] [--reps 11] [--cpu-time] [--out DIR]
 
-Writes DIR/round_profile_<device>.json and prints a markdown table (ms; last row in AR steps).
+--cpu-time (CPU only) runs the engines' kernels on one thread and times pieces in CPU seconds
+of the process (time.process_time): on a machine shared with other jobs the wall clock counts
+the time the scheduler gave away, the CPU clock only the work (memory stalls included), so two
+trees or variants compare within a few percent where wall medians move 2x.
+
+Writes DIR/round_profile_<device>[_cputime].json and prints a markdown table (ms; last row in
+AR steps).
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import RESULTS, engine_threads, run_info, save_json  # noqa: E402
 
 WIDTHS = (1, 2, 4, 8, 16)
+clock = time.perf_counter  # time.process_time under --cpu-time
 
 
 def add_timers(runner, pieces: dict) -> None:
@@ -36,9 +43,9 @@ def add_timers(runner, pieces: dict) -> None:
         inner = getattr(owner, name)
 
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0 = clock()
             out = inner(*args, **kwargs)
-            pieces[key] = pieces.get(key, 0.0) + time.perf_counter() - t0
+            pieces[key] = pieces.get(key, 0.0) + clock() - t0
             return out
         setattr(owner, name, timed)
 
@@ -61,9 +68,9 @@ def profile(runner, reps: int) -> dict:
         rounds = []
         for _ in range(reps):
             pieces.clear()
-            t0 = time.perf_counter()
+            t0 = clock()
             runner.padding_round(1, w)
-            pieces["round"] = time.perf_counter() - t0
+            pieces["round"] = clock() - t0
             rounds.append(dict(pieces))
         keys = {k for r in rounds for k in r}
         out[w] = {k: statistics.median(r.get(k, 0.0) for r in rounds) for k in keys}
@@ -75,9 +82,9 @@ def ar_step(runner, reps: int) -> float:
         runner.padding_round(1, 1)
     runs = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         runner.padding_round(1, 1)
-        runs.append(time.perf_counter() - t0)
+        runs.append(clock() - t0)
     return statistics.median(runs)
 
 
@@ -87,13 +94,19 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--reps", type=int, default=11)
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--cpu-time", action="store_true",
+                   help="one kernel thread, pieces in CPU seconds (see above)")
     args = p.parse_args(argv)
 
     import torch
 
     from dspine_engine import Engine
 
+    global clock
     kw = dict(device=args.device, progress=False, max_num_seqs=1)
+    if args.cpu_time:
+        clock = time.process_time
+        kw.update(cpu_threads=1)
     ar = Engine(None, **kw)
     dr = Engine(None, draft="default", spec_policy="fixed", **kw)
     step = ar_step(ar.runner, args.reps)
@@ -101,9 +114,10 @@ def main(argv=None) -> int:
     info = run_info(args.device)
     info.update(threads=torch.get_num_threads(), engine_threads=engine_threads(dr),
                 quantized=dr.quantized,
-                draft_weights=dr.draft_weight_format)
-    save_json(f"round_profile_{ar.device.type}", {"info": info, "ar_step_s": step,
-                                                  "pieces_s": pieces}, Path(args.out))
+                draft_weights=dr.draft_weight_format,
+                clock="process CPU time" if args.cpu_time else "wall")
+    name = f"round_profile_{ar.device.type}" + ("_cputime" if args.cpu_time else "")
+    save_json(name, {"info": info, "ar_step_s": step, "pieces_s": pieces}, Path(args.out))
     keys = sorted({k for v in pieces.values() for k in v} - {"round"},
                   key=lambda k: (k.startswith("  "), k))
     order = ["draft forward (propose)"] + [k for k in keys if k.startswith("  ")] + [

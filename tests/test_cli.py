@@ -95,6 +95,15 @@ def test_generate_draft_choice(argv, device, expected):
     assert _draft_choice(args) == expected
 
 
+@pytest.mark.parametrize("argv,expected", [([], "auto"), (["--draft-block", "full"], "full"),
+                                           (["--draft-block", "verified"], "verified")])
+def test_generate_draft_block_reaches_the_engine_settings(argv, expected):
+    from dspine_engine.cli.generate import build_parser, spec_settings
+
+    args = build_parser().parse_args(argv + ["--quiet", "hi"])
+    assert spec_settings(args)["draft_block"] == expected
+
+
 def test_generate_default_drafter_on_the_default_model():
     out = _run(["dspine_engine.cli.generate", "--draft", "default", "--device", "cpu",
                 "--max-new-tokens", "24", "--quiet", "--json-stats", "Write a Python hello world."])

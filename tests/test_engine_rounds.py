@@ -90,11 +90,14 @@ def test_a_staged_round_runs_twice_the_same(tiny_llama, tmp_path):
 
 @pytest.mark.parametrize("tokens", [2, 5])
 def test_a_shorter_verify_drafts_the_whole_blocks_first_drafts(tiny_llama, tmp_path, tokens):
-    """A round verifying ``tokens`` positions runs the draft's heads and walk over its
-    tokens - 1 drafts only (runner.propose): they are the first drafts of the whole block's
-    walk, candidates and probabilities included."""
+    """With whole draft blocks (draft_block="full"), a round verifying ``tokens`` positions
+    runs the draft's heads and walk over its tokens - 1 drafts only (runner.propose): they are
+    the first drafts of the whole block's walk, candidates and probabilities included. (The
+    CPU's default drafts from the verified positions alone, which changes the proposals:
+    tests/test_draft_block.py.)"""
     draft = write_tiny_random_draft(tmp_path / "draft", seed=5)
-    eng = Engine(tiny_llama, draft=draft, progress=False, max_num_seqs=4, page_size=4)
+    eng = Engine(tiny_llama, draft=draft, progress=False, max_num_seqs=4, page_size=4,
+                 draft_block="full")
     runner, outputs = eng.runner, lambda: (runner.inputs.drafts, runner.inputs.cand_ids,
                                            runner.inputs.cand_probs)
     with running_after_rounds(eng, PROMPTS[:3], rounds=2, max_tokens=40) as seqs:

@@ -1,7 +1,8 @@
-"""The draft beside a quantised CPU target holds its projections in Q8_0 blocks and runs them on
-the quantised kernels (Engine.draft_weight_format): each block is its fp32 weight within half a
-quantisation step, and the draft's states stay those of the fp32-bound draft up to rounding.
-Output is the target's either way (tests/test_quant_lossless.py, with the shipped drafter)."""
+"""The draft beside a quantised CPU target holds its projections, and its heads' lm_head, in Q4_1
+blocks and runs them on the quantised kernels (Engine.draft_weight_format): each block is its
+fp32 weight within half a quantisation step, and the draft's states stay those of the
+fp32-bound draft up to rounding. Output is the target's either way
+(tests/test_quant_lossless.py, with the shipped drafter)."""
 import torch
 
 from dspine_engine import Engine
@@ -26,18 +27,29 @@ def _draft_states(eng):
                      meta, runner.draft_kv.k, runner.draft_kv.v)
 
 
-def test_the_draft_runs_on_q8_0_blocks_beside_a_quantised_target(tmp_path):
+def _within_half_a_q4_1_step(table: QuantWeight, weight: torch.Tensor) -> bool:
+    blocks = weight.reshape(weight.shape[0], -1, 32)
+    low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+    step = (high - low) / 15
+    error = (table.dequantize() - weight).view_as(blocks).abs()
+    # half a step, plus 15 times the fp16 rounding of the step and the rounding of the minimum
+    # (2^-11 relative each)
+    bound = step * (0.5 + 15 * 2.0 ** -11) + low.abs() * 2.0 ** -11 + 1e-12
+    return bool((error <= bound).all())
+
+
+def test_the_draft_runs_on_q4_1_blocks_beside_a_quantised_target(tmp_path):
     eng = Engine(None, draft=write_random_draft(tmp_path / "draft"), device="cpu", dtype="gguf",
                  progress=False, max_num_seqs=2)
-    assert eng.quantized and eng.draft_weight_format == "q8_0"
+    assert eng.quantized and eng.draft_weight_format == "q4_1"
     draft, bound = eng.draft, eng.draft.bound
-    assert all(isinstance(t, QuantWeight) and t.format == "q8_0" for t in _projections(bound))
-    weight = draft.layers[0].self_attn.q_proj.weight.detach()
-    blocks = weight.view(weight.shape[0], -1, 32)
-    step = blocks.abs().amax(-1, keepdim=True) / 127
-    error = (bound.layers[0].q.dequantize() - weight).view_as(blocks).abs()
-    # half a step, plus 127 times the fp16 rounding of the block's scale (2^-11 relative)
-    assert bool((error <= step * (0.5 + 127 * 2.0 ** -11) + 1e-12).all())
+    assert all(isinstance(t, QuantWeight) and t.format == "q4_1" for t in _projections(bound))
+    assert _within_half_a_q4_1_step(bound.layers[0].q,
+                                    draft.layers[0].self_attn.q_proj.weight.detach())
+    # The heads read a Q4_1 copy of the target's Q8_0 table (the target keeps its own).
+    head, table = bound.lm_head_dense, eng.target.lm_head
+    assert head.format == "q4_1" and table.format == "q8_0" and head is not table
+    assert _within_half_a_q4_1_step(head, table.dequantize())
 
     with running_after_rounds(eng, ["def add(a, b):", "Say hello."], rounds=2) as seqs:
         prepared(eng, seqs)
@@ -47,4 +59,5 @@ def test_the_draft_runs_on_q8_0_blocks_beside_a_quantised_target(tmp_path):
         exact = _draft_states(eng)
     assert torch.isfinite(quantised).all()
     cos = torch.nn.functional.cosine_similarity(quantised.flatten(1), exact.flatten(1), dim=-1)
-    assert float(cos.min()) > 0.999, cos
+    # Q4_1 rounds 8x coarser than Q8_0 (0.999 there): measured 0.989-0.991 for this draft
+    assert float(cos.min()) > 0.98, cos

@@ -41,7 +41,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
-    """--spec-policy, --num-speculative-tokens, --reprofile (generate, serve, bench)."""
+    """--spec-policy, --num-speculative-tokens, --reprofile, --draft-block (generate, serve,
+    bench)."""
     p.add_argument("--spec-policy", choices=("auto", "fixed"), default="auto",
                    help="how many drafts a round verifies: 'auto' (default) chooses per round "
                         "and request, 0 (plain decoding) up to --num-speculative-tokens, from "
@@ -54,6 +55,10 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reprofile", action="store_true",
                    help="measure the verify-cost profile again (auto policy) instead of "
                         "reading the cached one")
+    p.add_argument("--draft-block", choices=("auto", "full", "verified"), default="auto",
+                   help="what a draft forward runs over: 'full' the whole block, 'verified' "
+                        "the drafts the round verifies only (proposals change a little, output "
+                        "never), 'auto' (default) verified on the CPU, full on CUDA")
 
 
 def add_parallel_argument(p: argparse.ArgumentParser) -> None:
@@ -77,7 +82,7 @@ def _positive_int(text: str) -> int:
 def spec_settings(args) -> dict:
     """The Engine keywords of the verification flags."""
     return dict(spec_policy=args.spec_policy, num_speculative_tokens=args.num_speculative_tokens,
-                reprofile=args.reprofile)
+                reprofile=args.reprofile, draft_block=args.draft_block)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,7 @@ from .spec_policy import POLICIES, verify_widths
 _POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_batch",
                   "tensor_parallel_size")
 _OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len", "cpu_threads")
+DRAFT_BLOCKS = ("auto", "full", "verified")
 
 
 @dataclass
@@ -40,6 +41,12 @@ class EngineConfig:
     num_speculative_tokens: int | None = None  # drafts verified (at most); None: block - 1
     spec_cost_profile: str | None = None  # "auto": a cost-profile JSON to use instead of probing
     reprofile: bool = False  # "auto": measure the verify cost again (replacing the cached one)
+    # What a draft forward runs over: "full" the whole block (what the drafter was trained on),
+    # "verified" the anchor and the drafts the round verifies alone (a w-token round drafts
+    # from a w-token block: its attention is bidirectional, so proposals change a little, the
+    # output never), "auto" verified on the CPU (the cost grows with the rows there), full on
+    # CUDA (a block costs what a few rows cost, and graphs capture the whole block).
+    draft_block: str = "auto"
     # Ranks the target is sharded over (distributed/): 1 = this process alone; N > 1 starts
     # N - 1 worker processes (the layout is checked against the target before they start).
     tensor_parallel_size: int = 1
@@ -82,6 +89,9 @@ class EngineConfig:
         for name in ("cuda_graphs", "reprofile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.draft_block not in DRAFT_BLOCKS:
+            raise ValueError(f"draft_block must be one of {', '.join(DRAFT_BLOCKS)}, got "
+                             f"{self.draft_block!r}")
         if self.spec_policy not in POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(POLICIES)}, got "
                              f"{self.spec_policy!r}")
@@ -126,6 +136,16 @@ class EngineConfig:
                              f"per round ({self.block_size - 1}: its block of "
                              f"{self.block_size} minus the anchor)")
         self.verify_widths = verify_widths(self.block_size, drafts, self.spec_policy)
+
+    def verified_draft_blocks(self, device, graphs: bool) -> bool:
+        """Whether eager draft forwards run over the verified drafts only (``draft_block``
+        resolved for ``device``); "verified" with CUDA graphs is refused: a graph is captured
+        for the whole block."""
+        if self.draft_block == "verified" and graphs:
+            raise ValueError("draft_block='verified' runs the draft eagerly: pass "
+                             "cuda_graphs=False with it (graphs capture the whole block)")
+        return self.draft_block == "verified" or (self.draft_block == "auto"
+                                                   and device.type == "cpu")
 
     @property
     def max_position(self) -> int:

@@ -145,7 +145,7 @@ class Engine:
                  admission_batch=_DEFAULT, spec_policy=_DEFAULT,
                  num_speculative_tokens=_DEFAULT, spec_cost_profile=_DEFAULT,
                  reprofile=_DEFAULT, tensor_parallel_size=_DEFAULT, cpu_threads=_DEFAULT,
-                 progress: bool = True,
+                 draft_block=_DEFAULT, progress: bool = True,
                  config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
@@ -164,6 +164,9 @@ class Engine:
         round (default: the whole block) and "auto" chooses per round and sequence from a
         measured cost model (cached; ``reprofile=True`` measures again, ``spec_cost_profile``
         reads a given profile) and each request's acceptance (spec_policy.py).
+        ``draft_block`` says what a draft forward runs over: "full" (the whole block), "verified"
+        (the anchor and the drafts the round verifies: cheaper where rows cost, proposals change
+        a little, output never) or "auto" (default: verified on the CPU, full on CUDA).
         ``tensor_parallel_size`` N > 1 shards the target over N processes (this one and N - 1
         workers it starts; distributed/): the API and the outputs stay those of one process;
         `close()` (or ``with Engine(...)``, or the interpreter's exit) stops the workers.
@@ -181,7 +184,7 @@ class Engine:
             cuda_graphs=cuda_graphs, admission_batch=admission_batch, spec_policy=spec_policy,
             num_speculative_tokens=num_speculative_tokens, spec_cost_profile=spec_cost_profile,
             reprofile=reprofile, tensor_parallel_size=tensor_parallel_size,
-            cpu_threads=cpu_threads).items()
+            cpu_threads=cpu_threads, draft_block=draft_block).items()
             if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
@@ -229,7 +232,9 @@ class Engine:
         sizes = graph_sizes(c.max_num_seqs) if use_graphs else []
         threads = CpuThreads.for_engine(self.device, c.cpu_threads, self.quantized)
         self.runner = ModelRunner(self.target, self.draft, self.cache,
-                                  max_batch=max([c.max_num_seqs] + sizes), threads=threads)
+                                  max_batch=max([c.max_num_seqs] + sizes), threads=threads,
+                                  verified_draft_blocks=c.verified_draft_blocks(self.device,
+                                                                                use_graphs))
         if use_graphs:
             self._capture_graphs(sizes, progress)
         self.policy = build_policy(c, self.runner, self._identity(), progress)
@@ -262,9 +267,10 @@ class Engine:
 
     @property
     def draft_weight_format(self) -> str | None:
-        """How the draft's projections are held: Q8_0 blocks beside a quantised (CPU) target,
-        so the whole round runs on the quantised kernels; else the engine's dtype (None)."""
-        return "q8_0" if self.quantized and self.draft is not None else None
+        """How the draft's projections (and its heads' lm_head) are held: Q4_1 blocks beside a
+        quantised (CPU) target, so the whole round runs on the quantised kernels and the draft
+        reads as few bytes as the target's layers; else the engine's dtype (None)."""
+        return "q4_1" if self.quantized and self.draft is not None else None
 
     @property
     def block(self) -> int:
@@ -305,6 +311,7 @@ class Engine:
                 "target": dataclasses.asdict(self.target.config),
                 "draft": dataclasses.asdict(self.draft.config) if self.draft else None,
                 "graphs": self.runner.graphs is not None, "page_size": self.config.page_size,
+                "verified_draft_blocks": self.runner.verified_draft_blocks,
                 "tensor_parallel_size": self.config.tensor_parallel_size,
                 "torch": torch.__version__, **self._thread_identity()}
 

@@ -28,8 +28,12 @@ from .sequence import Sequence
 
 class ModelRunner:
     def __init__(self, target: TargetModel, draft: DSpineDraft | None, cache: CacheManager,
-                 max_batch: int, threads: CpuThreads | None = None):
+                 max_batch: int, threads: CpuThreads | None = None,
+                 verified_draft_blocks: bool = False):
         self.target, self.draft, self.cache = target, draft, cache
+        # Eager draft forwards over the anchor and the drafts the round verifies only, not the
+        # whole block (EngineConfig.draft_block; a CUDA graph always runs the whole block).
+        self.verified_draft_blocks = verified_draft_blocks
         self.cpu_threads = threads  # the CPU's thread counts for the engine's work (None: CUDA)
         self.device = target.device
         self.block = cache.block
@@ -167,6 +171,8 @@ class ModelRunner:
         self._use_graph = self.graphs is not None and self.graphs.fits(b)
         n = self.graphs.padded(b) if self._use_graph else b
         self.inputs.fill_rows(0, n, self.cache.padding_seat)
+        if tokens > 1:  # as many context rows as a drafted round of this width leaves pending
+            self.inputs.host["pending"][:n] = tokens
         self.inputs.upload()
         self._width = self.cache.target.max_pages if self._use_graph else -(-self.block //
                                                                            self.cache.page_size)
@@ -199,7 +205,7 @@ class ModelRunner:
         if self._use_graph and self.graphs is not None:
             self.graphs.replay("ingest", self._n)
         else:
-            self._ingest_body(self._n, self._width)
+            self._ingest_body(self._n, self._width, self._pending_rows())
         self.inputs.dev["pending"][:self._n].zero_()  # this round's taps go to row 0
         return True
 
@@ -211,7 +217,8 @@ class ModelRunner:
         if self._use_graph and self.graphs is not None:
             self.graphs.replay("draft", self._n)
         else:
-            self._draft_body(self._n, self._width, self._tokens - 1)
+            self._draft_body(self._n, self._width, self._tokens - 1,
+                             self.verified_draft_blocks, self._pending_rows())
 
     def verify(self) -> torch.Tensor:
         """Target forward over [anchor, d_1..d_{B-1}] (or the anchor alone without a draft);
@@ -296,35 +303,51 @@ class ModelRunner:
     def _verify_graph(self, tokens: int) -> str:
         return "verify" if tokens == self.block else f"verify{tokens}"
 
-    def _pending_context(self, n: int, width: int):
+    def _pending_rows(self) -> int:
+        """Context rows per sequence an eager draft forward needs: the most any sequence of
+        the staged round has pending (at least one row; the rest of a block of rows would be
+        padding that only costs projections, ~a sixth of a block row each)."""
+        return max(1, int(self.inputs.host["pending"][:self._n].max(initial=0)))
+
+    def _pending_context(self, n: int, width: int, tokens: int | None = None,
+                         rows: int | None = None):
         """The draft-context rows of the previous round's committed positions p - pending ..
-        p - 1: their taps, positions and draft-cache slots (-1 where nothing is pending)."""
+        p - 1: their taps, positions and draft-cache slots (-1 where nothing is pending),
+        ``rows`` per sequence (default a block), beside the meta of a ``tokens``-long draft
+        block (default the whole block)."""
         d, inp = self.inputs.dev, self.inputs
-        meta, tables, p, live = self._block_meta(self.cache.draft, n, width, causal=False)
-        pending = d["pending"][:n]
-        ctx_pos = ((p - pending)[:, None] + inp.offsets).clamp(min=0)
-        ctx_valid = live & (inp.offsets[None] < pending[:, None])
+        rows = rows or self.block
+        meta, tables, p, live = self._block_meta(self.cache.draft, n, width, causal=False,
+                                                 tokens=tokens)
+        pending, offsets = d["pending"][:n], inp.offsets[:rows]
+        ctx_pos = ((p - pending)[:, None] + offsets).clamp(min=0)
+        ctx_valid = live & (offsets[None] < pending[:, None])
         ctx_slots = self._slots(self.cache.draft, tables, ctx_pos, ctx_valid)
-        ctx_taps = self._seat_rows(self._taps, n).view(n * self.block, -1)
+        ctx_taps = self._seat_rows(self._taps, n, rows).reshape(n * rows, -1)
         return meta, ctx_taps, ctx_pos.view(-1).to(torch.int32), ctx_slots.view(-1)
 
-    def _seat_rows(self, table: torch.Tensor, n: int) -> torch.Tensor:
+    def _seat_rows(self, table: torch.Tensor, n: int, rows: int) -> torch.Tensor:
         """``table[seats]`` for the staged round's ``n`` rows. On the CPU a concatenation of
         the seats' slices, read from the host copy of the seats: index_select parallelises even
         a one-seat copy (a 184 KB block of taps) in an OpenMP region, measured 0.5-6 ms of a
         ~20 ms draft forward under load. On CUDA the gather on the device (graph-safe)."""
         if self.device.type != "cpu":
-            return table.index_select(0, self.inputs.dev["seats"][:n])
-        return torch.cat([table[int(s)][None] for s in self.inputs.host["seats"][:n]])
+            return table[:, :rows].index_select(0, self.inputs.dev["seats"][:n])
+        return torch.cat([table[int(s), :rows][None] for s in self.inputs.host["seats"][:n]])
 
-    def _ingest_body(self, n: int, width: int) -> None:
-        _, ctx_taps, ctx_pos, ctx_slots = self._pending_context(n, width)
+    def _ingest_body(self, n: int, width: int, rows: int | None = None) -> None:
+        _, ctx_taps, ctx_pos, ctx_slots = self._pending_context(n, width, rows=rows)
         self.draft.ingest_context(ctx_taps, ctx_pos, ctx_slots, self.draft_kv.k, self.draft_kv.v)
 
-    def _draft_body(self, n: int, width: int, drafts: int | None = None) -> None:
+    def _draft_body(self, n: int, width: int, drafts: int | None = None,
+                    verified_block: bool = False, rows: int | None = None) -> None:
+        """Drafts ``drafts`` tokens per sequence (default B-1) from a forward over the whole
+        block, or with ``verified_block`` over the anchor and those drafts alone; ``rows``
+        context rows per sequence (default a block: what a graph captures)."""
         d, inp = self.inputs.dev, self.inputs
         drafts = drafts or self.block - 1
-        meta, ctx_taps, ctx_pos, ctx_slots = self._pending_context(n, width)
+        meta, ctx_taps, ctx_pos, ctx_slots = self._pending_context(
+            n, width, drafts + 1 if verified_block else None, rows)
         tokens, cand_ids, cand_probs = self.draft.propose(
             d["anchors"][:n].long(), ctx_taps, ctx_pos, ctx_slots, meta, self.draft_kv.k,
             self.draft_kv.v, d["temps"][:n], d["walk_u"][:n], drafts=drafts)

@@ -31,8 +31,9 @@ from tqdm.auto import tqdm
 # Batch sizes probed on the CPU (no graphs): geometric, interpolated in between.
 CPU_PROBE_BATCHES = (1, 4, 16, 64)
 # Part of the cache key: bumped when what a round does changes (2: plain rounds of a drafted
-# engine no longer write the draft context every round), so older profiles are measured again.
-PROFILE_VERSION = 2
+# engine no longer write the draft context every round; 3: CPU draft forwards over the
+# verified drafts and the pending context rows only), so older profiles are measured again.
+PROFILE_VERSION = 3
 
 
 class CostProfileError(ValueError):

@@ -25,7 +25,7 @@ from .attention_meta import AttnMeta
 from .config import ModelConfigError
 from .dense import Dense
 from .draft_config import DraftConfig
-from .quant_dense import QuantWeight, embedding_rows, quantize_weight, table_times
+from .quant_dense import QuantWeight, embedding_rows, in_format, quantize_weight, table_times
 from .weights import WeightStore, checkpoint_files, save_checkpoint
 
 
@@ -111,7 +111,7 @@ class Transition(nn.Module):
         self.succ = _linear(c.hidden_size, c.transition_rank)  # W_b
 
 
-# A draft projection at inference: fp32 (`Dense`) or, beside a quantised CPU target, Q8_0
+# A draft projection at inference: fp32 (`Dense`) or, beside a quantised CPU target, Q4_1
 # blocks on the quantised kernels (`QuantWeight`; `DSpineDraft.bind`, ``weight_format``).
 Projection = Dense | QuantWeight
 
@@ -151,7 +151,7 @@ class BoundTables:
 
     embed: torch.Tensor
     lm_head: torch.Tensor
-    lm_head_dense: Dense
+    lm_head_dense: Projection  # the heads' lm_head: the target's, or a copy in weight_format
     cos_sin: torch.Tensor  # RoPE table, at least as long as the engine's reach
     fc: Projection
     mask_row: torch.Tensor  # the block's MASK input row
@@ -228,17 +228,19 @@ class DSpineDraft(nn.Module):
 
     # ------------------------------------------------------------------ binding to a target
     def bind(self, embed: torch.Tensor, lm_head: torch.Tensor, target_config,
-             lm_head_dense: Dense | None = None, max_positions: int | None = None,
+             lm_head_dense: Projection | None = None, max_positions: int | None = None,
              weight_format: str | None = None) -> None:
         """Attaches the target's embeddings and lm_head (shared, never copied; pass the target's
         `Dense` of it too) and builds the inference caches: the projections laid out for the
         device (fused where they share an input), the RoPE table (at least ``max_positions``
         rows: the engine's padding positions past the context) and the transition tables.
 
-        ``weight_format`` "q8_0" holds the projections in Q8_0 blocks and runs them on the
-        quantised CPU kernels (the engine asks for it beside a quantised target: those kernels
-        run on our chunk pool, not on OpenMP, and read a quarter of the bytes;
-        docs/DECISIONS.md). Drafts change by the rounding only; output stays the target's."""
+        ``weight_format`` ("q4_1" or "q8_0") holds the projections in those blocks and runs
+        them on the quantised CPU kernels, and the heads' lm_head too (a copy when the target's
+        table is in another format): the engine asks for Q4_1 beside a quantised target (those
+        kernels run on our chunk pool, not on OpenMP, and a CPU draft forward is bound by the
+        bytes it reads; docs/DECISIONS.md). Drafts change by the rounding only; output stays
+        the target's."""
         c = self.config
         c.check_target(target_config)
         dtype, device = lm_head.dtype, lm_head.device  # (a QuantWeight table computes in fp32)
@@ -247,6 +249,9 @@ class DSpineDraft(nn.Module):
             w = torch.cat([w.to(dtype) for w in ws]).contiguous()
             return Dense(w) if weight_format is None else quantize_weight(w, weight_format)
 
+        heads = lm_head_dense or Dense(lm_head)
+        if weight_format is not None:
+            heads = in_format(heads, weight_format)
         with torch.no_grad():
             transition = None
             if c.transition:
@@ -258,7 +263,7 @@ class DSpineDraft(nn.Module):
             mask_row = (self.mask_embedding.to(dtype) if self.mask_embedding is not None
                         else embedding_rows(embed, torch.tensor([c.mask_token_id]))[0])
             self._bound = BoundTables(
-                embed=embed, lm_head=lm_head, lm_head_dense=lm_head_dense or Dense(lm_head),
+                embed=embed, lm_head=lm_head, lm_head_dense=heads,
                 cos_sin=ops.rope_cos_sin(c.head_dim,
                                          max(c.max_position_embeddings, max_positions or 0),
                                          c.rope_theta, device=device),
@@ -312,17 +317,19 @@ class DSpineDraft(nn.Module):
                 drafts: int | None = None):
         """One draft round for a batch of blocks: `forward`, the heads, the transition walk.
         Returns (tokens, cand_ids, cand_probs) for the first ``drafts`` positions (default all
-        B-1); arguments as `forward`, plus the walk's ``temperature [b]`` and
-        ``uniforms [b, B-1]``.
+        the block's); arguments as `forward`, plus the walk's ``temperature [b]`` and
+        ``uniforms [b, >= drafts]``.
 
-        The layers always run over the whole block (its attention is bidirectional: a shorter
-        block would change every proposal), but the heads and the walk only over the drafts
-        the round verifies: the walk chooses d_j from d_{j-1} alone, so the first J drafts are
-        the same whether or not the later ones are chosen (on the CPU the lm_head over 15 rows
-        is a third of the draft forward)."""
+        The layers run over the block ``meta`` describes: the whole block, or (the engine's
+        ``draft_block``) only the anchor and the drafts the round verifies, which changes the
+        proposals a little (the block's attention is bidirectional). The heads and the walk
+        run only over the drafts the round verifies: the walk chooses d_j from d_{j-1} alone,
+        so the first J drafts are the same whether or not the later ones are chosen (on the
+        CPU the lm_head over 15 rows is a third of a whole-block draft forward)."""
         hn = self(anchors, ctx_taps, ctx_positions, ctx_slots, meta, k_caches, v_caches)
         if drafts is not None and drafts < hn.shape[1]:
-            hn, uniforms = hn[:, :drafts], uniforms[:, :drafts]
+            hn = hn[:, :drafts]
+        uniforms = uniforms[:, :hn.shape[1]]
         logits, g = self.heads(hn)
         tables = self.bound.transition
         pair = None if tables is None else (g, tables.pred, tables.succ)
@@ -339,13 +346,14 @@ class DSpineDraft(nn.Module):
     def forward(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
                 v_caches) -> torch.Tensor:
         """The draft layers over a batch of blocks on the paged draft cache; returns the
-        final-normed states of positions 1..B-1, ``[b, B-1, H]`` (what both heads read).
+        final-normed states of positions 1..L-1, ``[b, L-1, H]`` (what both heads read), for
+        blocks of L = ``meta.max_q_len`` positions (B, or fewer: `propose`).
 
-        ``anchors [b]``; ``ctx_taps [b*B, taps]`` the pending context rows at ``ctx_positions``
+        ``anchors [b]``; ``ctx_taps [b*R, taps]`` the pending context rows at ``ctx_positions``
         (written to ``ctx_slots`` first; padding rows have slot -1); ``meta`` describes the
-        blocks (positions p..p+B-1, kv_lens p+B, bidirectional)."""
+        blocks (positions p..p+L-1, kv_lens p+L, bidirectional)."""
         c, bd = self.config, self.bound
-        bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
+        bsz, blk, h = anchors.shape[0], meta.max_q_len, c.hidden_size
         hidden = bd.mask_row.expand(bsz, blk, h).clone()
         hidden[:, 0] = embedding_rows(bd.embed, anchors)
         hidden = hidden.view(bsz * blk, h)
@@ -374,7 +382,8 @@ class DSpineDraft(nn.Module):
     def _inject(self, inj: Injection, tables: InjectionTables, hidden: torch.Tensor,
                 anchors: torch.Tensor) -> torch.Tensor:
         c = self.config
-        bsz, blk, h = anchors.shape[0], c.block_size, c.hidden_size
+        bsz, h = anchors.shape[0], c.hidden_size
+        blk = hidden.shape[0] // bsz  # the block's length (`forward`)
         hn = ops.rms_norm(hidden, inj.norm.weight, c.rms_norm_eps)
         f = tables.predictor(hn).view(bsz, blk, h)
         f[:, 0] = embedding_rows(self.bound.lm_head, anchors)  # the anchor's feature is exact

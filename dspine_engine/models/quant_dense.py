@@ -148,3 +148,16 @@ def quant_weight_from_blocks(raw: np.ndarray, format: str) -> QuantWeight:
 def quantize_weight(weight: torch.Tensor, format: str) -> QuantWeight:
     """An fp32 ``[out, in]`` weight as a `QuantWeight` (quantised, then packed)."""
     return quant_weight_from_blocks(quantize_blocks(weight, format), format)
+
+
+def in_format(table, format: str, chunk_rows: int = 4096) -> QuantWeight:
+    """``table`` (a `QuantWeight` or a `Dense`) as a `QuantWeight` in ``format``: itself when it
+    already is one, else its values quantised again (a `QuantWeight` a chunk of rows at a time,
+    so the full fp32 table never exists)."""
+    if isinstance(table, QuantWeight):
+        if table.format == format:
+            return table
+        blocks = [quantize_blocks(table.dequantize(i, min(i + chunk_rows, table.rows)), format)
+                  for i in range(0, table.rows, chunk_rows)]
+        return quant_weight_from_blocks(np.concatenate(blocks), format)
+    return quantize_weight(table.checkpoint_weight, format)
