@@ -70,6 +70,31 @@ def smollm2_quant_engine():
     return Engine(None, device="cpu", dtype="gguf", progress=False, max_num_seqs=32)
 
 
+# The quantised path's greedy-lossless tests (thread counts, draft blocks) share four real
+# prompts and one plain-decoding reference on the GGUF blocks.
+QUANT_TOKENS = 40
+
+
+@pytest.fixture(scope="session")
+def quant_prompts():
+    from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
+
+    return humaneval_prompts()[:2] + mtbench_prompts()[:2]
+
+
+@pytest.fixture(scope="session")
+def quant_params():
+    from dspine_engine import SamplingParams
+
+    return SamplingParams(max_tokens=QUANT_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture(scope="session")
+def quant_reference(smollm2_quant_engine, quant_prompts, quant_params):
+    """Plain greedy decoding of ``quant_prompts`` on the GGUF blocks (default threads), batched."""
+    return [r.token_ids for r in smollm2_quant_engine.generate(quant_prompts, quant_params)]
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_engine(tiny_llama):
     """An autoregressive engine on the tiny target (fast; for input-handling tests)."""

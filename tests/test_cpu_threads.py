@@ -5,11 +5,8 @@ batched)."""
 import pytest
 import torch
 
-from dspine_engine import Engine, SamplingParams, ops
-from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
+from dspine_engine import Engine, ops
 from dspine_engine.engine.cpu_threads import ENV, CpuThreads
-
-NEW_TOKENS = 40
 
 
 def counts() -> tuple[int, int]:
@@ -42,18 +39,6 @@ def test_engine_setting_env_and_defaults(monkeypatch):
     assert CpuThreads.for_engine(cpu, 5, quantized=True).kernels == 5  # the setting wins
 
 
-@pytest.fixture(scope="module")
-def prompts():
-    return humaneval_prompts()[:2] + mtbench_prompts()[:2]
-
-
-@pytest.fixture(scope="module")
-def reference(smollm2_quant_engine, prompts):
-    """Plain greedy decoding on the GGUF blocks under the default thread setting, batched."""
-    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    return [r.token_ids for r in smollm2_quant_engine.generate(prompts, params)]
-
-
 def record_step_counts(engine) -> list:
     """Wraps the verify forward so that each call records the thread counts it ran under."""
     seen, verify = [], engine.runner.verify
@@ -67,14 +52,15 @@ def record_step_counts(engine) -> list:
 
 @pytest.mark.parametrize("cpu_threads", [1, 3])
 @pytest.mark.parametrize("draft", [None, "default"], ids=["ar", "spec"])
-def test_outputs_are_identical_whatever_the_threads(cpu_threads, draft, prompts, reference):
+def test_outputs_are_identical_whatever_the_threads(cpu_threads, draft, quant_prompts,
+                                                     quant_params, quant_reference):
     before = counts()
     eng = Engine(None, draft=draft, device="cpu", dtype="gguf", progress=False, max_num_seqs=4,
                  spec_policy="fixed", cpu_threads=cpu_threads)
     seen = record_step_counts(eng)
-    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    assert [r.token_ids for r in eng.generate(prompts, params)] == reference
-    assert [eng.generate(p, params)[0].token_ids for p in prompts[1:3]] == reference[1:3]
+    assert [r.token_ids for r in eng.generate(quant_prompts, quant_params)] == quant_reference
+    one_by_one = [eng.generate(p, quant_params)[0].token_ids for p in quant_prompts[1:3]]
+    assert one_by_one == quant_reference[1:3]
     assert seen and set(seen) == {(1, cpu_threads)}, "steps ran under other thread counts"
     assert counts() == before, "the engine left its thread counts behind"
     if draft is not None:

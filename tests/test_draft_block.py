@@ -9,24 +9,10 @@ draft's states do not change when they are dropped.
 import pytest
 import torch
 
-from dspine_engine import Engine, SamplingParams
-from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
+from dspine_engine import Engine
 from dspine_engine.engine.config import EngineConfig
 from engine_rounds import prepared, running_after_rounds
 from test_spec_policy_lossless import write_linear_profile
-
-NEW_TOKENS = 40
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return humaneval_prompts()[:2] + mtbench_prompts()[:2]
-
-
-@pytest.fixture(scope="module")
-def reference(smollm2_quant_engine, prompts):
-    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
-    return [r.token_ids for r in smollm2_quant_engine.generate(prompts, params)]
 
 
 def _engine(draft_block: str, **kw) -> Engine:
@@ -47,25 +33,26 @@ def _block_lengths(eng) -> list[int]:
 
 
 @pytest.mark.parametrize("draft_block,blocks", [("verified", {4}), ("full", {16})])
-def test_greedy_lossless_with_either_draft_block(draft_block, blocks, prompts, reference):
-    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+def test_greedy_lossless_with_either_draft_block(draft_block, blocks, quant_prompts,
+                                                 quant_params, quant_reference):
     eng = _engine(draft_block, spec_policy="fixed", num_speculative_tokens=3, max_num_seqs=4)
     lengths = _block_lengths(eng)
-    assert [r.token_ids for r in eng.generate(prompts, params)] == reference
-    assert [eng.generate(p, params)[0].token_ids for p in prompts[1:3]] == reference[1:3]
+    assert [r.token_ids for r in eng.generate(quant_prompts, quant_params)] == quant_reference
+    one_by_one = [eng.generate(p, quant_params)[0].token_ids for p in quant_prompts[1:3]]
+    assert one_by_one == quant_reference[1:3]
     assert set(lengths) == blocks
     assert eng.stats.tau > 1.2, f"the drafter is barely accepted (tau {eng.stats.tau:.2f})"
 
 
-def test_auto_policy_lossless_with_verified_blocks(prompts, reference, tmp_path):
+def test_auto_policy_lossless_with_verified_blocks(quant_prompts, quant_params,
+                                                   quant_reference, tmp_path):
     """Under the auto policy (a profile that mixes plain rounds and 2- and 4-token blocks in
     one batch) each drafted round drafts from a block of its own width."""
-    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     profile = write_linear_profile(tmp_path / "p.json", 0.2)
     eng = _engine("auto", spec_policy="auto", max_num_seqs=4, spec_cost_profile=str(profile))
     assert eng.runner.verified_draft_blocks
     lengths = _block_lengths(eng)
-    assert [r.token_ids for r in eng.generate(prompts, params)] == reference
+    assert [r.token_ids for r in eng.generate(quant_prompts, quant_params)] == quant_reference
     drafted = {k + 1 for k in eng.stats.verify_lengths if k > 0}
     assert len(drafted) >= 2 and set(lengths) == drafted, (lengths, eng.stats.verify_lengths)
 
