@@ -9,6 +9,9 @@
 #                    may carry (the tree's size is measured now, so a larger committed drafter
 #                    or more INIT_DIRS simply mean more parts)
 # and prints the device calls to make, back to back (each within 30 s of the last one's end).
+# BRANCHES="a b": kernel branches to build and test beside the session (benchmarks/
+# h200_branches.sh): each branch's tree (without the drafter shards and benchmark results) in
+# .stage_branches/<name>/, carried by the last stage call.
 # Nothing here is committed: .whl/ and .stage*/ are ignored by git.
 #
 # SLIM=1: the shipped drafter's shards (38 MiB of the 43 MiB tree) travel in the payload instead
@@ -31,6 +34,12 @@ if [ "${SLIM:-0}" = 1 ]; then
   grep -qxF "$EXCLUDE_LINE" .git/info/exclude || echo "$EXCLUDE_LINE" >> .git/info/exclude
   INIT_DIRS="${INIT_DIRS:-} $SHIPPED"
 fi
+rm -rf .stage_branches
+for b in ${BRANCHES:-}; do
+  mkdir -p .stage_branches/$b && git archive "$b" | tar x -C .stage_branches/$b
+  rm -rf .stage_branches/$b/dspine_engine/drafters/*/model*.safetensors .stage_branches/$b/benchmarks/results
+done
+branch_bytes=$( [ -d .stage_branches ] && du -sb .stage_branches | cut -f1 || echo 0)
 LIMIT_MIB=${LIMIT_MIB:-62}  # under the 64 MiB limit, with room for files made meanwhile
 GGUF=${DSPINE_SMOLLM2_GGUF:-$(python3 -c "from dspine_engine.models.default_model import default_gguf_path as p; print(p())" 2>/dev/null || true)}
 [ -f "$GGUF" ] || GGUF=$(ls ~/.cache/dspine_engine/gguf/*.gguf | head -1)
@@ -58,7 +67,7 @@ first=$(( budget - whl_bytes ))  # the first call also carries .whl
 
 # The payload: one uncompressed tar (the GGUF as smollm2.gguf, each INIT_DIRS entry as
 # init/<its name>/), split into parts; the last stage call joins, checks and unpacks it.
-rm -rf .stage_* .payload && mkdir -p .payload/init
+rm -rf .stage_[0-9]* .payload && mkdir -p .payload/init
 ln -s "$(readlink -f "$GGUF")" .payload/smollm2.gguf
 for d in ${INIT_DIRS:-}; do
   [ -f "$d/config.json" ] || { echo "INIT_DIRS: $d has no config.json"; exit 1; }
@@ -68,6 +77,9 @@ tar -chf .payload.tar -C .payload . && rm -rf .payload
 size=$(stat -c %s .payload.tar) offset=0 part=1
 while [ "$offset" -lt "$size" ]; do
   room=$([ $part = 1 ] && echo "$first" || echo "$budget")
+  # The last part also carries the branches: leave them room when what is left would fill it.
+  [ $(( size - offset )) -le "$room" ] && [ $(( size - offset + branch_bytes )) -gt "$room" ] &&
+    room=$(( room - branch_bytes ))
   mkdir -p .stage_$part
   dd if=.payload.tar of=.stage_$part/payload_part bs=1M iflag=skip_bytes,count_bytes \
     skip=$offset count=$room status=none
@@ -82,6 +94,7 @@ $((size / 1048576)) MiB in $parts parts"
 echo "device calls (kind nvidia-h200), back to back:"
 for p in $(seq 1 $parts); do
   carry=".stage_$p"; [ $p = 1 ] && carry=".stage_1 .whl"
+  [ $p = $parts ] && [ -d .stage_branches ] && carry="$carry .stage_branches"
   echo "  bash benchmarks/h200_session.sh stage $p $parts      carry: $carry"
 done
 echo "  bash benchmarks/h200_session.sh data                carry: nothing"

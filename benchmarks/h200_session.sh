@@ -14,6 +14,11 @@
 #               the generators (detached) for DATA_MIN minutes while the GPU tests and memcheck
 #               run beside them; rank 0 merges the shards.                           ~7.5 min
 #               DATA_TESTS=0: no tests beside them (a short call, tests already passed).
+#               Kernel branches staged with BRANCHES= (h200_prepare.sh) run their GPU tests
+#               beside the generators in any case (benchmarks/h200_branches.sh).
+#               MPS=1: the generators share the GPU through CUDA MPS (kernels of different
+#               processes run at once instead of time-sliced); if the daemon cannot start or a
+#               client cannot reach it, the call goes on without it and says so.
 #               Past CALL_S (540) seconds the call returns with the generators still running
 #               (detached); the fit call then waits for them first.
 #   fit         DSpine and its DFlash twin side by side (same batches; DDP over the GPUs),
@@ -31,6 +36,8 @@
 #               returns results + drafters.                                          ~8 min
 #               MEASURE="policytrace": auto vs fixed at c=1 on fresh engines, twice, and the
 #               process's threads mid-run (issue 11's c=1 gap; e2e's c=1 comes after c=8). ~2 min
+#               MEASURE="branches": the kernel branches' benchmarks (h200_branches.sh bench,
+#               BRANCH_BENCH="name=kernels.py args;..."), before and after.            ~1-2 min each
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -101,6 +108,11 @@ if [ "$MODE" = stage ]; then
     [ -d $S/init/$(basename $shipped) ] && ! ls $shipped/*.safetensors >/dev/null 2>&1 &&
       cp $S/init/$(basename $shipped)/*.safetensors $shipped/
   fi
+  if [ -d .stage_branches ]; then  # kernel branches: built after the session's build, in turn
+    mkdir -p /root/branch && cp -r .stage_branches/. /root/branch/
+    setsid nohup bash $W/benchmarks/h200_branches.sh build > $S/branches_build.log 2>&1 < /dev/null &
+    say "branches staged: $(ls /root/branch | tr '\n' ' ')"
+  fi
   say "staged part $K of $N"; exit 0
 fi
 
@@ -150,6 +162,16 @@ data_stats() {  # once the generators have ended: what they wrote, into data_sta
   say "data: $(head -1 $S/data_stats.txt)"
 }
 
+start_mps() {  # CUDA MPS for the generators (the default pipe directory: every later process uses it)
+  nvidia-cuda-mps-control -d > $R/logs/mps.log 2>&1 &&
+    timeout 60 python3 -c "import torch; print(torch.ones(8, device='cuda').sum().item())" >> $R/logs/mps.log 2>&1
+  local rc=$?
+  if [ $rc = 0 ]; then say "MPS on"; else
+    echo quit | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
+    say "MPS unavailable (rc $rc), generators time-slice: $(tail -2 $R/logs/mps.log | tr '\n' ' ')"
+  fi
+}
+
 wait_build() {
   while [ ! -f $S/build.rc ]; do sleep 2; done
   say "build rc $(cat $S/build.rc)"; tail -3 $S/build.log
@@ -170,6 +192,8 @@ if [ "$MODE" = data ]; then
       --max-num-seqs $MAX_SEQS --kv-cache-tokens $KV_TOKENS --sampled-share $SAMPLED --max-minutes $5 --quiet \
       > $R/logs/$(basename $3 .jsonl).log 2>&1 < /dev/null &
   }
+  [ "${MPS:-0}" = 1 ] && start_mps
+  [ -d /root/branch ] && { setsid nohup bash benchmarks/h200_branches.sh test > $S/branches_test.log 2>&1 < /dev/null & }
   gen 1 $S/heldout_prompts.jsonl $S/heldout.jsonl 999 2
   gen $((GPUS * DATA_PROCS)) $S/prompts.jsonl $S/data.jsonl $SEED $DATA_MIN
   say "generators started"
@@ -297,6 +321,9 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   case " $MEASURE " in *" steps "*)
   timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
   say "step table rc $?"; pack;; esac
+  case " $MEASURE " in *" branches "*)  # the kernel branches' benchmarks, before and after
+  bash benchmarks/h200_branches.sh bench > $S/branches_bench.log 2>&1
+  say "branches bench: $(cat $R/branches/*/summary.log 2>/dev/null | tr '\n' ';')"; pack;; esac
   case " $MEASURE " in *" hybrid "*)  # Qwen3.8-27B-shaped hybrid: round, ReplaySSM commit, rollback
   timeout 400 python3 benchmarks/step_table.py --target qwen3.8-27b --out $R \
     > $R/logs/step_table_hybrid.log 2>&1
