@@ -36,6 +36,8 @@
 #               returns results + drafters.                                          ~8 min
 #               MEASURE="policytrace": auto vs fixed at c=1 on fresh engines, twice, and the
 #               process's threads mid-run (issue 11's c=1 gap; e2e's c=1 comes after c=8). ~2 min
+#               MEASURE="rounds": where a c=1 round's host time goes (round_profile.py on cuda:
+#               launches, the draft's pieces, the verify's sync) beside the AR step.  ~1 min
 #               MEASURE="branches": the kernel branches' benchmarks (h200_branches.sh bench,
 #               BRANCH_BENCH="name=kernels.py args;..."), before and after.            ~1-2 min each
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
@@ -321,6 +323,9 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   case " $MEASURE " in *" steps "*)
   timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
   say "step table rc $?"; pack;; esac
+  case " $MEASURE " in *" rounds "*)
+  timeout 150 python3 benchmarks/round_profile.py --device cuda --reps 21 --out $R > $R/logs/round_profile.log 2>&1
+  say "round profile rc $?"; tail -14 $R/logs/round_profile.log; pack;; esac
   case " $MEASURE " in *" branches "*)  # the kernel branches' benchmarks, before and after
   bash benchmarks/h200_branches.sh bench > $S/branches_bench.log 2>&1
   say "branches bench: $(cat $R/branches/*/summary.log 2>/dev/null | tr '\n' ';')"; pack;; esac
