@@ -314,6 +314,25 @@ def test_cost_profile_interpolates_and_rounds_up_to_graph_sizes():
     assert probe_batches(64, [1, 2, 4]) == [1, 2, 4]
 
 
+def test_cost_probes_take_the_fastest_of_up_to_reps_runs_within_a_budget():
+    """Cheap points get every run (the fastest of 5 resists a busy machine), a long one stops at
+    2 once its runs took the budget; the warm-up run is never counted."""
+    import time
+
+    from dspine_engine.engine.verify_cost import measure
+
+    calls = []
+
+    def padding_round(b, w):
+        calls.append(w)
+        time.sleep(0.03 if w == 16 else 0.0)
+
+    runner = SimpleNamespace(padding_round=padding_round)
+    profile = measure(runner, [1, 16], [1], reps=5, progress=False, budget_s=0.05)
+    assert calls.count(1) == 6 and calls.count(16) == 3  # 1 warm-up + 5, 1 warm-up + 2
+    assert profile.seconds[16][1] >= 0.03 > profile.seconds[1][1]
+
+
 def test_bad_cost_profiles_are_refused(tmp_path):
     with pytest.raises(CostProfileError, match="no usable costs for 16"):
         AutoPolicy(BLOCK, WIDTHS, CostProfile({w: {1: 1.0} for w in WIDTHS[:-1]}), 4, 4)
