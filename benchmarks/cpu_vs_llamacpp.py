@@ -19,7 +19,12 @@ Configurations (--configs, comma-separated):
 
     python benchmarks/cpu_vs_llamacpp.py [--configs llamacpp,gguf,gguf-spec,fp32]
         [--prompts 4] [--prompt-set mtbench|humaneval] [--repeats 3] [--new-tokens 128]
-        [--threads 2] [--context 0] [--out-name NAME] [--install]
+        [--threads 2] [--context 0] [--out-name NAME] [--install] [--cpu-time]
+
+--cpu-time runs our configurations on one kernel thread (torch's too) and times them in CPU
+seconds of the process (the first token read off the stream), as round_profile.py --cpu-time
+does: on a machine shared with other jobs one process an answer moves 2-3x in wall time
+between answers, the CPU clock only with the work (memory stalls included). Not with llamacpp.
 
 --context T puts a document before each question so that every prompt holds T tokens (the
 other MT-Bench questions, repeated: decoding then reads a long KV cache, where attention
@@ -82,10 +87,25 @@ def _worker_llamacpp(job: dict) -> dict:
     return dict(tokens=tokens, start=start, first=first, end=end, tau=1.0)
 
 
+def _answer_cpu_time(engine, ids: list[int], n: int) -> dict:
+    """One greedy answer timed in process CPU seconds; the first token's time off the stream."""
+    from dspine_engine import SamplingParams
+
+    tokens, first, last = [], None, None
+    start = time.process_time()
+    for last in engine.stream(ids, SamplingParams(max_tokens=n, ignore_eos=True)):
+        tokens += last.new_token_ids
+        if first is None and tokens:
+            first = time.process_time()
+    return dict(tokens=tokens, start=start, first=first, end=time.process_time(),
+                tau=last.stats.tau)
+
+
 def _worker_ours(job: dict) -> dict:
     import torch
 
-    torch.set_num_threads(job["threads"])
+    cpu_time = job.get("cpu_time", False)
+    torch.set_num_threads(1 if cpu_time else job["threads"])
     from dspine_engine import Engine, SamplingParams
 
     config = job["config"]
@@ -93,9 +113,11 @@ def _worker_ours(job: dict) -> dict:
     engine = Engine(None, draft="default" if drafted else None,
                     device="cpu", dtype="float32" if config == "fp32" else "gguf",
                     progress=False, max_num_seqs=1, kv_cache_tokens=job["n_ctx"],
-                    **(drafted or {}))
+                    **(drafted or {}), **(dict(cpu_threads=1) if cpu_time else {}))
     engine.generate([job["warmup_ids"]], SamplingParams(max_tokens=WARMUP_TOKENS,
                                                         ignore_eos=True))
+    if cpu_time:
+        return _answer_cpu_time(engine, job["ids"], job["new_tokens"])
     start = time.perf_counter()
     result = engine.generate([job["ids"]], SamplingParams(max_tokens=job["new_tokens"],
                                                           ignore_eos=True))[0]
@@ -180,6 +202,8 @@ def main() -> None:
                          "question alone)")
     ap.add_argument("--install", action="store_true", help="pip install llama-cpp-python")
     ap.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="ours on one kernel thread, timed in process CPU seconds (see above)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -188,6 +212,8 @@ def main() -> None:
     unknown = set(configs) - set(CONFIGS)
     if unknown:
         ap.error(f"unknown configs {sorted(unknown)}; choose from {CONFIGS}")
+    if args.cpu_time and "llamacpp" in configs:
+        ap.error("--cpu-time times our engine only (llama.cpp keeps its own threads)")
     llamacpp_version = _ensure_llamacpp(args.install) if "llamacpp" in configs else None
 
     import tempfile
@@ -211,7 +237,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _, p, c in tqdm(order, desc="answers", unit="answer"):
             job = dict(config=c, prompt_index=p, ids=ids[p], warmup_ids=warmup, gguf=gguf,
-                       threads=args.threads, new_tokens=args.new_tokens, n_ctx=n_ctx)
+                       threads=args.threads, new_tokens=args.new_tokens, n_ctx=n_ctx,
+                       cpu_time=args.cpu_time)
             rows.append(_run_job(job, Path(tmp)))
 
     summary = {}
@@ -220,7 +247,8 @@ def main() -> None:
         summary[c] = {k: _summary([r[k] for r in mine])
                       for k in ("decode_tps", "e2e_tps", "prefill_tps", "peak_rss_mb", "tau")}
     info = run_info("cpu")
-    info["threads"] = args.threads
+    info["threads"] = 1 if args.cpu_time else args.threads
+    info["clock"] = "process CPU time" if args.cpu_time else "wall"
     payload = {"info": info, "llama_cpp_python": llamacpp_version, "gguf": gguf,
                "prompts": args.prompts, "repeats": args.repeats, "new_tokens": args.new_tokens,
                "summary": summary, "rows": [{k: v for k, v in r.items()
@@ -282,7 +310,9 @@ def _table(payload: dict, configs: list[str]) -> str:
              + (f" of {payload['context_tokens']} tokens (a document of the other questions "
                 "before each)" if payload.get("context_tokens") else "")
              + f" x {payload['new_tokens']} new tokens "
-             f"(EOS ignored), {payload['info']['threads']} threads, concurrency 1, one process "
+             f"(EOS ignored), {payload['info']['threads']} threads"
+             + (" (times in process CPU seconds)" if payload["info"].get("clock") ==
+                "process CPU time" else "") + ", concurrency 1, one process "
              f"per answer, configurations alternating, {payload['repeats']} repeats: medians "
              "(min-max) over prompts x repeats. \"decode vs first\" is relative to the first "
              "row's configuration."]

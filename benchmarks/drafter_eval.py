@@ -2,6 +2,11 @@
 drafter, plus the greedy lossless check of the first drafter against autoregressive decoding.
 
     python benchmarks/drafter_eval.py --draft dspine=DIR --draft dflash=DIR [--out DIR]
+        [--widths 2 4 8]
+
+--widths W ... measures each drafter at fixed verify widths (spec_policy fixed, W - 1 drafts a
+round: what a round of that width accepts, e.g. on the CPU where rounds are short) instead of
+the whole block; its rows carry "width".
 
 Writes accept_<device>.json (tau and acceptance by position per drafter / prompt set /
 temperature), accept_<device>_<set>_t<T>.png (the curves side by side) and, with
@@ -20,29 +25,33 @@ from common import run_info  # noqa: E402
 
 
 def acceptance_table(drafts, target, device, dtype, sets, temps, max_new, batch, out,
-                     num_prompts=None):
+                     num_prompts=None, widths=(None,)):
     from dspine_engine import Engine, SamplingParams
     from dspine_engine.cli.bench import acceptance, plot_acceptance
     from dspine_engine.datasets import load_prompts
 
     prompts = {s: load_prompts(s)[:num_prompts] for s in sets}
     rows = []
-    for name, path in drafts:
+    for (name, path), w in ((d, w) for d in drafts for w in widths):
+        fixed = {} if w is None else dict(spec_policy="fixed", num_speculative_tokens=w - 1)
         eng = Engine(target, draft=path, device=device, dtype=dtype, max_num_seqs=batch,
-                     progress=False)
+                     progress=False, **fixed)
         for s in sets:
             for t in temps:
                 res = acceptance(eng, prompts[s], lambda i, t=t: SamplingParams(
                     max_tokens=max_new, temperature=t, seed=i if t > 0 else None), batch)
-                res.update(draft=name, prompts=s, temperature=t, num_prompts=len(prompts[s]))
+                res.update(draft=name, prompts=s, temperature=t, num_prompts=len(prompts[s]),
+                           width=w or eng.config.block_size)
                 res.pop("per_request_tau")
                 rows.append(res)
-                print(f"{name:>8} {s:>9} T={t:g}: tau {res['tau']:.3f}", file=sys.stderr)
+                print(f"{name:>8} w={res['width']:<2} {s:>9} T={t:g}: tau {res['tau']:.3f}",
+                      file=sys.stderr)
         del eng
     dev = device_tag(device)
     for s in sets:
         for t in temps:
-            curves = {r["draft"]: r["acceptance_by_position"] for r in rows
+            curves = {f"{r['draft']} w={r['width']}" if len(widths) > 1 else r["draft"]:
+                      r["acceptance_by_position"] for r in rows
                       if r["prompts"] == s and r["temperature"] == t}
             plot_acceptance(curves, Path(out) / f"accept_{dev}_{s}_t{t:g}.png")
     return rows
@@ -96,6 +105,9 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--num-prompts", type=int, default=None, help="cap each prompt set")
+    ap.add_argument("--widths", type=int, nargs="+", default=[None],
+                    help="fixed verify widths (tokens a round, anchor included); default: "
+                         "the whole block")
     ap.add_argument("--lossless", type=int, default=0, help="prompts for the lossless check")
     ap.add_argument("--lossless-dtypes", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--out", default="benchmarks/results")
@@ -106,7 +118,7 @@ def main():
     payload = {"info": run_info(args.device or dev), "max_new_tokens": args.max_new_tokens}
     payload["rows"] = acceptance_table(drafts, args.target, args.device, args.dtype, args.sets,
                                        args.temperatures, args.max_new_tokens, args.batch,
-                                       args.out, args.num_prompts)
+                                       args.out, args.num_prompts, args.widths)
     (Path(args.out) / f"accept_{dev}.json").write_text(json.dumps(payload, indent=2) + "\n")
     if args.lossless:
         report = lossless_check(drafts[0][1], args.target, args.device, args.lossless,

@@ -226,32 +226,75 @@ def test_a_new_request_on_a_seat_starts_from_the_global_estimate():
     assert np.isclose(e_new[0, -1], e[0, -1], rtol=0.1)
 
 
-def explored_rounds(pol, batch, rounds: int) -> list[int]:
-    """The rounds (indices) at which ``pol`` explored, nothing ever being accepted."""
+def explored_rounds(pol, batch, rounds: int, profile=None) -> list[tuple[int, int, float]]:
+    """(round index, width, predicted loss) of every round at which ``pol`` explored, nothing
+    ever being accepted; the loss (seconds beyond plain decoding of the tokens the probe is
+    expected to commit) from ``profile`` when given."""
     seats = np.array([s.seat for s in batch])
+    b = len(batch)
     explored = []
     for i in range(rounds):
         (w, _), *_ = pol.plan(batch)
         if w > 1:
-            assert w == BLOCK  # exploration verifies the widest bucket
-            explored.append(i)
-            pol.observe(seats, w, np.zeros(len(batch), int))
+            loss = None
+            if profile is not None:
+                tokens = pol.expected_tokens(seats)[:, w - 1].sum()
+                loss = profile.cost(w, b) - tokens * profile.cost(1, b) / b
+            explored.append((i, w, loss))
+            pol.observe(seats, w, np.zeros(b, int))
     return explored
 
 
 def test_exploration_rounds_back_off():
     pol = policy(linear_profile(per_token=1.0), explore_interval=2, max_explore_interval=8,
                  explore_budget=float("inf"))
-    explored = explored_rounds(pol, seqs(2), 40)
+    explored = [i for i, _, _ in explored_rounds(pol, seqs(2), 40)]
     assert np.diff(explored).tolist()[:3] == [4, 8, 8]  # the interval doubles up to its cap
 
 
+def test_exploration_verifies_the_width_closest_to_paying():
+    # Every drafted token costs a plain step: the 2-token round loses least (a wide one would
+    # lose ~w - 2 steps) and its outcome decides whether drafting starts.
+    pol = policy(linear_profile(per_token=1.0), explore_interval=2, explore_budget=float("inf"))
+    assert {w for _, w, _ in explored_rounds(pol, seqs(2), 40)} == {2}
+    # Flat cost: the widest bucket is the one closest to paying.
+    pol = policy(linear_profile(per_token=0.0, base=1.0), explore_interval=2,
+                 explore_budget=float("inf"))
+    teach(pol, seqs(2), [0, 0], rounds=40)  # plain decoding wins at every width now
+    assert {w for _, w, _ in explored_rounds(pol, seqs(2), 40)} == {BLOCK}
+
+
 def test_exploration_costs_at_most_its_budget():
-    # A 16-token round costs 16 plain ones: exploring costs 15 plain rounds' time, so under a
-    # 5% budget every 300th round explores (not every 2nd, the interval).
-    pol = policy(linear_profile(per_token=1.0), explore_interval=2, explore_budget=0.05)
-    explored = explored_rounds(pol, seqs(2), 700)
-    assert np.diff([-1] + explored).tolist() == [300, 300]
+    # A probe predicted to lose L seconds waits until the plain rounds since the last drafted
+    # one cost L / budget: here far longer than the interval of 2 rounds.
+    profile = linear_profile(per_token=1.0)
+    pol = policy(profile, explore_interval=2, explore_budget=0.05)
+    explored = explored_rounds(pol, seqs(2), 700, profile)
+    assert len(explored) >= 2
+    assert explored[0][0] > 2 * 2  # the budget, not the interval, held the first one back
+    previous = -1
+    for i, w, loss in explored:
+        plain_seconds = (i - previous) * profile.cost(1, 2)  # the probe's round counted too
+        assert 0 < loss <= 0.05 * plain_seconds + 1e-9
+        previous = i
+
+
+def test_a_request_that_would_pay_is_drafted_after_one_probe():
+    """A CPU-like profile (a 2-token round 1.5 steps, 4 tokens 2 steps, 16 tokens 6): at the
+    neutral prior plain decoding wins, a probe follows after the interval, and a request that
+    accepts every draft is drafted from then on."""
+    profile = CostProfile({1: {1: 1.0}, 2: {1: 1.5}, 4: {1: 2.0}, 8: {1: 3.4}, 16: {1: 6.2}})
+    pol = policy(profile)
+    batch, seats = seqs(1), np.array([0])
+    widths = []
+    for _ in range(20):
+        (w, _), *_ = pol.plan(batch)
+        widths.append(w)
+        if w > 1:
+            pol.observe(seats, w, np.array([w - 1]))
+    first = widths.index(next(w for w in widths if w > 1))
+    assert widths[:first] == [1] * 7  # the default interval: the 8th round probes
+    assert all(w > 1 for w in widths[first:])
 
 
 def test_fixed_policy_verifies_its_width():
@@ -269,6 +312,25 @@ def test_cost_profile_interpolates_and_rounds_up_to_graph_sizes():
     assert p.cost(1, 3) == 2.0  # a batch of 3 runs padded to the graph of 4
     assert probe_batches(32, None) == [1, 4, 16, 32]
     assert probe_batches(64, [1, 2, 4]) == [1, 2, 4]
+
+
+def test_cost_probes_take_the_fastest_of_up_to_reps_runs_within_a_budget():
+    """Cheap points get every run (the fastest of 5 resists a busy machine), a long one stops at
+    2 once its runs took the budget; the warm-up run is never counted."""
+    import time
+
+    from dspine_engine.engine.verify_cost import measure
+
+    calls = []
+
+    def padding_round(b, w):
+        calls.append(w)
+        time.sleep(0.03 if w == 16 else 0.0)
+
+    runner = SimpleNamespace(padding_round=padding_round)
+    profile = measure(runner, [1, 16], [1], reps=5, progress=False, budget_s=0.05)
+    assert calls.count(1) == 6 and calls.count(16) == 3  # 1 warm-up + 5, 1 warm-up + 2
+    assert profile.seconds[16][1] >= 0.03 > profile.seconds[1][1]
 
 
 def test_bad_cost_profiles_are_refused(tmp_path):

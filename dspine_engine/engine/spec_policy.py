@@ -18,11 +18,15 @@ whole batch. Given a cost profile and the statistics the plan is deterministic. 
 afresh every round from the statistics as they are (forgetting and the global counts move every
 estimate every round), in a few numpy calls: the rate denominators of each batch size are
 computed once, and every width and split is scored in one pass. When plain
-decoding wins for a while, an exploration round verifies the widest bucket for everyone, so
-estimates never freeze: after ``explore_interval`` plain rounds (doubling while it keeps not
-paying), and only once the plain rounds since the last drafted one have cost enough that the
-exploration's extra cost is at most ``explore_budget`` of them (where a drafted round costs
-many decode steps, as on a CPU, exploring then costs at most that fraction of the time).
+decoding wins for a while, an exploration round verifies, for everyone, the width closest to
+paying (the best predicted rate with the whole batch drafting), so estimates never freeze:
+after ``explore_interval`` plain rounds (doubling while it keeps not paying), and only once the
+plain rounds since the last drafted one have cost enough that the exploration's predicted loss
+(its cost beyond plain decoding of the tokens it is expected to commit) is at most
+``explore_budget`` of them. The width closest to paying is the cheapest probe and the one whose
+outcome decides whether drafting starts: where wide rounds cost many decode steps (a CPU) the
+widest bucket lost several steps a probe, so probes came once in hundreds of rounds and a
+request that would have paid at 4 tokens was never drafted.
 
 Any plan is lossless: verifying fewer drafts only cuts the accepted prefix shorter (the token
 at the cut is the target's own choice at that position).
@@ -71,7 +75,7 @@ class AutoPolicy:
     def __init__(self, block: int, widths: list[int], cost: CostProfile, max_seats: int,
                  max_batch: int, prior: float = 0.5, prior_weight: float = 4.0,
                  global_weight: float = 2.0, forget: float = 0.97, global_forget: float = 0.999,
-                 explore_interval: int = 32, max_explore_interval: int = 1024,
+                 explore_interval: int = 8, max_explore_interval: int = 1024,
                  explore_budget: float = 0.02):
         if 1 not in widths or any(w > block for w in widths):
             raise ValueError(f"verify widths {widths} must include 1 and not exceed the block "
@@ -107,12 +111,12 @@ class AutoPolicy:
 
     # ----------------------------------------------------------------- planning
     def plan(self, seqs) -> list[tuple[int, list]]:
-        width, chosen = self._choose(self.stats.begin_round(seqs))
+        width, chosen, probe = self._choose(self.stats.begin_round(seqs))
         if width == 1:
-            if self._explore_now(len(seqs)):  # observe every position
+            if self._explore_now(len(seqs), probe[1]):
                 self._interval = min(2 * self._interval, self._max_interval)
                 self._since_drafted, self._plain_seconds = 0, 0.0
-                return [(self.widths[-1], seqs)]
+                return [(probe[0], seqs)]
             return [(1, seqs)]
         self._since_drafted, self._interval, self._plain_seconds = 0, self._base_interval, 0.0
         if chosen is None:
@@ -123,22 +127,24 @@ class AutoPolicy:
         plain = [s for s, keep in zip(seqs, mask) if not keep]
         return [(width, drafted), (1, plain)]
 
-    def _explore_now(self, b: int) -> bool:
-        """Counts a plain round; True when the next one should explore instead."""
+    def _explore_now(self, b: int, loss: float) -> bool:
+        """Counts a plain round; True when the next one should explore instead (a probe
+        predicted to lose ``loss`` seconds against plain decoding)."""
         self._since_drafted += 1
         self._plain_seconds += self._cost[1][b]
-        extra = self._cost[self.widths[-1]][b] - self._cost[1][b]
         return (self._since_drafted >= self._interval
-                and extra <= self._explore_budget * self._plain_seconds)
+                and loss <= self._explore_budget * self._plain_seconds)
 
     def choose(self, seats: np.ndarray) -> tuple[int, np.ndarray]:
         """The round's width and the indices (into ``seats``) that verify at it; (1, all) when
         plain decoding is predicted fastest. Reads the statistics as they are (no forgetting)."""
-        width, chosen = self._choose(self.stats.counts(seats))
+        width, chosen, _ = self._choose(self.stats.counts(seats))
         return width, np.arange(len(seats)) if chosen is None else chosen
 
-    def _choose(self, counts: np.ndarray) -> tuple[int, np.ndarray | None]:
-        """`choose` from the batch's counts; None for the rows when all of them verify."""
+    def _choose(self, counts: np.ndarray) -> tuple[int, np.ndarray | None, tuple | None]:
+        """`choose` from the batch's counts; None for the rows when all of them verify. When
+        plain decoding wins, also the probe an exploration would verify: (width, predicted
+        seconds lost against plain decoding) of the best width with the whole batch drafting."""
         b = len(counts)
         cost, rest, plain_rate = self._rates_of(b)
         # Row j: width widths[j + 1]; column m - 1: its m most promising sequences drafting,
@@ -151,12 +157,14 @@ class AutoPolicy:
         rate = tokens / cost
         best = int(rate.argmax())  # the first maximum: the narrowest width, then the fewest
         if not rate.item(best) > plain_rate:
-            return 1, None
+            j = int(rate[:, -1].argmax())  # the last column: all b sequences drafting
+            loss = cost.item(j, b - 1) - tokens.item(j, b - 1) / plain_rate
+            return 1, None, (self.widths[j + 1], loss)
         j, m = divmod(best, b)
         width = self.widths[j + 1]
         if m + 1 == b:
-            return width, None
-        return width, np.sort(np.argsort(-gain[j], kind="stable")[:m + 1])
+            return width, None, None
+        return width, np.sort(np.argsort(-gain[j], kind="stable")[:m + 1]), None
 
     def _rates_of(self, b: int) -> tuple[np.ndarray, np.ndarray, float]:
         """For a batch of ``b`` (computed once per size): the predicted seconds of each

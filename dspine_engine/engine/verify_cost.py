@@ -32,8 +32,15 @@ from tqdm.auto import tqdm
 CPU_PROBE_BATCHES = (1, 4, 16, 64)
 # Part of the cache key: bumped when what a round does changes (2: plain rounds of a drafted
 # engine no longer write the draft context every round; 3: CPU draft forwards over the
-# verified drafts and the pending context rows only), so older profiles are measured again.
-PROFILE_VERSION = 3
+# verified drafts and the pending context rows only; 4: the CPU's points the fastest of up to 5
+# runs, not of 2), so older profiles are measured again.
+PROFILE_VERSION = 4
+# The CPU's probes: the fastest of up to CPU_PROBE_REPS runs a point, but at least 2 and no more
+# once a point's runs took CPU_PROBE_SECONDS (start-up time: a 64-sequence 16-token round is
+# seconds). At batch 1 a round is 5-50 ms, and on a 2-core machine shared with other jobs the
+# fastest of 2 read a 4-token round at 2.44 decode steps where its CPU time is 1.97, enough to
+# keep the auto policy from drafting where it pays.
+CPU_PROBE_REPS, CPU_PROBE_SECONDS = 5, 0.25
 
 
 class CostProfileError(ValueError):
@@ -121,16 +128,18 @@ def probe_batches(max_batch: int, graph_sizes: list[int] | None) -> list[int]:
     return sizes + [max_batch]
 
 
-def measure(runner, widths, batches, reps: int, progress: bool) -> CostProfile:
+def measure(runner, widths, batches, reps: int, progress: bool,
+            budget_s: float = float("inf")) -> CostProfile:
     """Times one round per (width, batch) on padding rows; the fastest of ``reps`` runs after
-    one warm-up at each point (the machine may be busy: the minimum is the round's cost)."""
+    one warm-up at each point (the machine may be busy: the minimum is the round's cost), or
+    of fewer (at least 2) once a point's runs took ``budget_s`` seconds."""
     seconds: dict[int, dict[int, float]] = {w: {} for w in widths}
     bar = tqdm(total=len(widths) * len(batches), desc="measuring verify cost (once, cached)",
                unit="point", disable=not progress, leave=False)
     for b in batches:
         for w in widths:
-            runs = []
-            for _ in range(reps + 1):
+            runs = []  # runs[0] is the warm-up
+            while len(runs) <= reps and not (len(runs) > 2 and sum(runs[1:]) >= budget_s):
                 t0 = time.perf_counter()
                 runner.padding_round(b, w)
                 runs.append(time.perf_counter() - t0)
@@ -162,8 +171,9 @@ def load_or_measure(runner, widths, max_batch: int, identity: dict, cache_root: 
             cached.padded_sizes = sizes
             return cached
         batches = missing_b if not missing_w else batches
-    reps = 5 if runner.device.type == "cuda" else 2  # the CPU: start-up time vs noise
-    fresh = measure(runner, widths, batches, reps, progress)
+    cuda = runner.device.type == "cuda"
+    fresh = measure(runner, widths, batches, 5 if cuda else CPU_PROBE_REPS, progress,
+                    float("inf") if cuda else CPU_PROBE_SECONDS)
     if cached is not None:
         for w, row in fresh.seconds.items():
             cached.seconds.setdefault(w, {}).update(row)
