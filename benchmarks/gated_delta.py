@@ -18,7 +18,7 @@ Two tables:
   accepted prefix; the memory each needs per sequence is reported too. The conv window's commit
   is the same shift for both and is left out.
 
-Times: median of --iters runs (CUDA: L2 flushed before each run, benchmarks/kernels.py's Timer;
+Times: median of --iters runs (CUDA: L2 flushed before each run, benchmarks/kernel_bench.py's Timer;
 CPU: perf_counter). CUDA runs in bf16 activations with the fp32 state; the CPU in fp32 on
 smaller batches (--cpu-batches) and fewer layers (the per-layer cost is what scales).
 
@@ -64,9 +64,9 @@ def layer_shape(cfg) -> dict:
 def make_timer(device, iters: int):
     """fn -> median microseconds."""
     if device.type == "cuda":
-        import kernels  # benchmarks/kernels.py: L2 flushed before each run
+        import kernel_bench  # L2 flushed before each run
 
-        return kernels.Timer(iters=iters)
+        return kernel_bench.Timer(iters=iters)
 
     def cpu_timer(fn, iters=iters):
         fn()

@@ -9,7 +9,7 @@
 #           host (two at once delayed the generators by 70 s).
 #   test    (data, detached, beside the generators) each branch's kernel GPU tests (pytest -m gpu
 #           tests/test_kernels_gpu.py, BRANCH_K narrows them) and memcheck over BRANCH_MEMCHECK_K.
-#   bench   (measure, MEASURE="branches", on the quiet GPU) benchmarks/kernels.py of each branch
+#   bench   (measure, MEASURE="branches", on the quiet GPU) benchmarks/kernel_bench.py of each branch
 #           with its arguments from BRANCH_BENCH ("name=args;name=args"), on the branch's build
 #           and then on the session's (main's) build with the branch's script: before and after
 #           in one call.
@@ -65,10 +65,11 @@ if [ "$MODE" = bench ]; then
     n=${spec%%=*} args=${spec#*=}
     [ -d "$B/$n" ] && wait_built "$n" || { echo "bench: no build of $n"; continue; }
     o=$OUTB/$n
+    kb=benchmarks/kernel_bench.py; [ -f $B/$n/$kb ] || kb=benchmarks/kernels.py  # its name before 2026-12-03
     # The branch's kernels on its own build, then the same script on the session's build.
-    (cd $B/$n && PYTHONPATH=$B/$n timeout 200 python3 benchmarks/kernels.py $args --out "$o/after" \
+    (cd $B/$n && PYTHONPATH=$B/$n timeout 200 python3 $kb $args --out "$o/after" \
        > "$o/bench_after.log" 2>&1; echo "bench after rc $?" >> "$o/summary.log"
-     PYTHONPATH=/root/work:/root/site timeout 200 python3 benchmarks/kernels.py $args --out "$o/before" \
+     PYTHONPATH=/root/work:/root/site timeout 200 python3 $kb $args --out "$o/before" \
        > "$o/bench_before.log" 2>&1; echo "bench before rc $?" >> "$o/summary.log")
   done
   exit 0

@@ -39,7 +39,7 @@
 #               MEASURE="rounds": where a c=1 round's host time goes (round_profile.py on cuda:
 #               launches, the draft's pieces, the verify's sync) beside the AR step.  ~1 min
 #               MEASURE="branches": the kernel branches' benchmarks (h200_branches.sh bench,
-#               BRANCH_BENCH="name=kernels.py args;..."), before and after.            ~1-2 min each
+#               BRANCH_BENCH="name=kernel_bench.py args;..."), before and after.            ~1-2 min each
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #

@@ -27,7 +27,7 @@ and verify each include the staging, as a round pays it once before both.
 Times: warm-up, then the median of N runs, each starting from an idle device (a round starts
 after the previous round's sync) and timed with CUDA events (perf_counter on the CPU).
 Floor = (target + draft weight bytes) / copy bandwidth measured in the same run (read + write,
-benchmarks/kernels.py's measure_ceilings); the weights+KV floor adds the K/V the round reads and,
+benchmarks/kernel_bench.py's measure_ceilings); the weights+KV floor adds the K/V the round reads and,
 for a hybrid target, its recurrent state (the verify reads each layer's checkpoint, the commit
 reads and writes it again).
 
@@ -344,17 +344,17 @@ def graph_replay(runner: ModelRunner, kind: str, batch: int):
 
 
 def measure_bandwidth(device) -> dict:
-    """Copy bandwidth (read + write bytes / s): benchmarks/kernels.py's ceilings on CUDA (the
+    """Copy bandwidth (read + write bytes / s): benchmarks/kernel_bench.py's ceilings on CUDA (the
     numbers its kernel table uses); a plain timed copy where those are not available."""
     if device.type == "cuda":
         try:
-            import kernels  # benchmarks/kernels.py, beside this file
+            import kernel_bench as kernels  # beside this file
 
             ceilings = kernels.measure_ceilings(kernels.Timer(iters=20))
             torch.cuda.empty_cache()
             return ceilings
         except (ImportError, AttributeError):
-            log.warning("benchmarks/kernels.py's measure_ceilings is unavailable; timing a copy")
+            log.warning("benchmarks/kernel_bench.py's measure_ceilings is unavailable; timing a copy")
     # 1 GiB of bf16 on a GPU, 64 MiB of fp32 on the CPU: both well past the caches.
     n, dtype = (512 << 20, torch.bfloat16) if device.type == "cuda" else (16 << 20, torch.float32)
     src = torch.randn(n, dtype=dtype, device=device)

@@ -1,11 +1,13 @@
 """Benchmark scripts in their --tiny modes: the same code the GPU runs, on models small enough
 for the CPU, so a broken benchmark shows up here and not in a scarce GPU session."""
+import importlib.machinery
 import json
 import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 
 import cpu_attention  # noqa: E402
 import step_table  # noqa: E402
@@ -13,6 +15,19 @@ from random_drafts import write_tiny_random_draft  # noqa: E402
 
 TIMES = ("draft_ms", "verify_ms", "block_verify_ms", "round_ms", "floor_ms", "floor_kv_ms",
          "round_over_floor", "round_over_floor_kv")
+
+
+def test_benchmark_modules_do_not_shadow_installed_modules():
+    """A benchmark script runs with benchmarks/ first on sys.path (and this file puts it there
+    for the whole test process), so a module there named like an installed one replaces it for
+    every importer: benchmarks/kernels.py did that to HF's `kernels` package, which transformers
+    imports when it is installed (191 test errors in a fresh environment)."""
+    others = [p for p in sys.path if p and Path(p).resolve() != BENCHMARKS]
+    clashes = {p.stem: spec.origin for p in BENCHMARKS.glob("*.py")
+               if (spec := importlib.machinery.PathFinder.find_spec(p.stem, others)) is not None}
+    clashes.update({p.stem: "built in" for p in BENCHMARKS.glob("*.py")
+                    if p.stem in sys.builtin_module_names})
+    assert not clashes, f"benchmarks/ modules that shadow installed ones: {clashes}"
 
 
 def test_step_table_tiny(tmp_path, capsys):

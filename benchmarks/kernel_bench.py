@@ -15,7 +15,7 @@ Times are medians over CUDA-event timed runs with L2 flushed before each run (as
 step, where the other layers evict it). Writes benchmarks/results/kernels_<device>.json (or
 --out DIR) and prints a markdown table.
 
-    python benchmarks/kernels.py [--quick] [--out DIR]
+    python benchmarks/kernel_bench.py [--quick] [--out DIR]
 """
 from __future__ import annotations
 
@@ -415,14 +415,14 @@ def main(argv=None) -> int:
                         help="directory for kernels_<device>.json")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA device", file=sys.stderr)
+        print("benchmarks/kernel_bench.py needs a CUDA device", file=sys.stderr)
         return 1
     torch.manual_seed(0)
     timer = Timer(iters=10 if args.quick else 20)
     device = torch.cuda.get_device_name()
     result = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick,
-              "command": "python benchmarks/kernels.py" + (" --quick" if args.quick else "")}
+              "command": "python benchmarks/kernel_bench.py" + (" --quick" if args.quick else "")}
     result["ceilings"] = measure_ceilings(timer)
     result["attention"] = []
     start, cfgs = time.monotonic(), sweep(args.quick)
