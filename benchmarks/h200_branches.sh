@@ -22,8 +22,10 @@ OUTB=$S/results/branches
 mkdir -p "$OUTB"
 names() { ls -d $B/*/ 2>/dev/null | xargs -n1 basename 2>/dev/null; }
 # The GPU machine's torch loads an older libstdc++ than the compiler's: an exception whose message
-# formats a number then crashes the process (README). The branch tests run on the compiler's.
-cxx_lib=$($(command -v c++ || echo g++) -print-file-name=libstdc++.so 2>/dev/null)
+# formats a number then crashes the process (README). The branch tests run on the compiler's
+# (HOST_CXX: h200_session.sh's, which starts this script).
+: "${HOST_CXX:?run by h200_session.sh, which sets HOST_CXX}"
+cxx_lib=$($HOST_CXX -print-file-name=libstdc++.so 2>/dev/null)
 
 if [ "$MODE" = build ]; then
   while [ ! -f $S/build.rc ]; do sleep 2; done

@@ -69,6 +69,9 @@ TWIN=${TWIN:-dflash}  # fit: the twin; dflash (same batches, one process) or sof
                       # none (the DSpine alone, for the whole FIT_MIN)
 MIX=${MIX:-}  # prompt family shares for `dspine-train prompts --mix`, e.g. code=0.36,multiturn=0.16
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
+# The compiler whose C++ runtime tests preload: the machine's torch loads an older libstdc++
+# first, and an exception thrown through it can crash (README); h200_branches.sh reads it too.
+export HOST_CXX=$(command -v c++ || echo /opt/gcc/bin/g++)
 t0=$(date +%s)
 [ -f $S/commit ] && export DSPINE_COMMIT=$(cat $S/commit)
 say() { echo "[$MODE $(( $(date +%s) - t0 ))s] $*" | tee -a $S/session.log; }
@@ -138,7 +141,7 @@ quant_cpu_tests() {  # the quantised CPU kernels on this host's CPU (AVX-512 VNN
   # build crashes on its first C++ exception: the same tests on the compiler's libstdc++ tell a
   # runtime mismatch (the process loads an older libstdc++ first) from a code fault.
   if [ "$rc" = 139 ]; then
-    local lib; lib=$($(command -v c++ || echo /opt/gcc/bin/g++) -print-file-name=libstdc++.so)
+    local lib; lib=$($HOST_CXX -print-file-name=libstdc++.so)
     LD_PRELOAD=$lib timeout 200 python3 -m pytest -q \
       tests/test_quant_cpu.py -rf > $R/logs/quant_cpu_preload.log 2>&1
     say "quant cpu on the compiler's libstdc++ rc $? : $(tail -1 $R/logs/quant_cpu_preload.log)"
@@ -235,8 +238,7 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
   quant_cpu_tests; pack
   while [ ! -f $S/asan_build.rc ]; do sleep 2; done
-  CXX=$(command -v c++ || echo /opt/gcc/bin/g++)
-  (cd /tmp/asan && PYTHONPATH=/tmp/asan:/root/site LD_PRELOAD=$($CXX -print-file-name=libasan.so):$($CXX -print-file-name=libstdc++.so) \
+  (cd /tmp/asan && PYTHONPATH=/tmp/asan:/root/site LD_PRELOAD=$($HOST_CXX -print-file-name=libasan.so):$($HOST_CXX -print-file-name=libstdc++.so) \
     ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:detect_odr_violation=0:alloc_dealloc_mismatch=0:log_path=$R/logs/asan \
     timeout 150 python3 -m pytest -q tests/test_quant_cpu.py -rf > $R/logs/quant_cpu_asan.log 2>&1); rc=$?
   say "asan build rc $(cat $S/asan_build.rc), quant cpu under asan rc $rc : $(tail -1 $R/logs/quant_cpu_asan.log)"
