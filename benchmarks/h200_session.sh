@@ -31,6 +31,9 @@
 #               returns results + drafters.                                          ~8 min
 #               MEASURE="policytrace": auto vs fixed at c=1 on fresh engines, twice, and the
 #               process's threads mid-run (issue 11's c=1 gap; e2e's c=1 comes after c=8). ~2 min
+#               MEASURE="kernels" (not in the default set): benchmarks/attention_h200.sh on
+#               the stage-1 build: attention GPU tests, memcheck subset, decode/verify rows
+#               of benchmarks/kernels.py beside SDPA (issue 12).                     ~4 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -303,6 +306,9 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   say "hybrid step table rc $?"
   timeout 300 python3 benchmarks/gated_delta.py --out $R > $R/logs/gated_delta.log 2>&1
   say "gated delta rc $?"; pack;; esac
+  case " $MEASURE " in *" kernels "*)  # issue 12: attention tests, memcheck, decode/verify vs SDPA
+  NO_BUILD=1 OUT=$R/kernels bash benchmarks/attention_h200.sh > $R/logs/attention_h200.log 2>&1
+  say "attention kernels rc $? : $(grep -E '^\[' $R/logs/attention_h200.log | tr '\n' ' ')"; pack;; esac
   case " $MEASURE " in *" speed "*)
   timeout 120 python3 benchmarks/train_speed.py --data $S/data.jsonl --steps 15 --out $R \
     > $R/logs/train_speed.log 2>&1
