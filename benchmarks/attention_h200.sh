@@ -35,14 +35,14 @@ python3 -c "import torch; from dspine_engine import ops; print(torch.cuda.get_de
 
 # Every attention GPU test: references, splits on/off, the key split, windows across pages,
 # poisoned allocations, the fused combine under graph replay, the too-narrow table refusal.
-step tests 150 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k "attention or combine or graph" -rf
+step tests 200 python3 -m pytest -q -m gpu -n 4 tests/test_kernels_gpu.py -k "attention or combine or graph" -rf
 # memcheck on a small subset (the racecheck of the combine is its arrival counter + fences).
 step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x -m gpu \
   tests/test_kernels_gpu.py -k "(test_paged_attention_splits and dtype0 and (decode_gqa3_odd_lens or block4 or verify16_gqa4_window)) or test_fused_split_combine or wide_block_table"
 grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
 
 # Decode and verify rows (Qwen3-8B, Qwen3.8-27B, SmolLM2) beside the best SDPA backend.
-bench_args="--modes decode verify --attention-only --out $OUT --max-minutes 3"
+bench_args="--modes decode verify --attention-only --out $OUT --max-minutes ${BENCH_MIN:-2.5}"
 [ "${QUICK:-0}" = 1 ] && bench_args="$bench_args --quick"
 step bench 260 python3 benchmarks/kernels.py $bench_args
 sed -n '/^| shape/,/^$/p' "$OUT/bench.log"
