@@ -8,11 +8,15 @@
 #   bash benchmarks/attention_h200.sh            # build + tests + memcheck + benchmark
 #   NO_BUILD=1 bash benchmarks/attention_h200.sh # the extension is already built in this tree
 #   QUICK=1 ...                                  # the benchmark's --quick subset only
+#   STEPS="tests memcheck" ...                   # some steps only (build tests memcheck bench)
 #
 # Logs and the benchmark JSON land in $OUT (the device call's output folder) or ./attention_out.
 # Each step's status is printed; the script goes on after a failing step (rc of the first failure).
 set -u
 OUT=${OUT:-$PWD/attention_out}
+STEPS=" ${STEPS:-build tests memcheck bench} "
+[ "${NO_BUILD:-0}" = 1 ] && STEPS=${STEPS/ build / }
+wants() { case "$STEPS" in *" $1 "*) return 0;; esac; return 1; }
 mkdir -p "$OUT"
 rc=0
 step() {  # step NAME TIMEOUT_S CMD...: runs CMD with a time limit, logs it, keeps the first failure
@@ -25,7 +29,7 @@ step() {  # step NAME TIMEOUT_S CMD...: runs CMD with a time limit, logs it, kee
   return $r
 }
 
-if [ "${NO_BUILD:-0}" != 1 ]; then
+if wants build; then
   export DSPINE_CUDA_ARCHS=${DSPINE_CUDA_ARCHS:-90a} MAX_JOBS=${MAX_JOBS:-$(nproc)}
   step build 330 python3 setup.py build_ext --inplace || { grep -E "error|warning" "$OUT/build.log" | head -40; exit 1; }
   # Warnings from our headers (torch's own are not ours to fix).
@@ -35,15 +39,15 @@ python3 -c "import torch; from dspine_engine import ops; print(torch.cuda.get_de
 
 # Every attention GPU test: references, splits on/off, the key split, windows across pages,
 # poisoned allocations, the fused combine under graph replay, the too-narrow table refusal.
-step tests 200 python3 -m pytest -q -m gpu -n 4 tests/test_kernels_gpu.py -k "attention or combine or graph" -rf
+wants tests && step tests 200 python3 -m pytest -q -m gpu -n 4 tests/test_kernels_gpu.py -k "attention or combine or graph" -rf
 # memcheck on a small subset (the racecheck of the combine is its arrival counter + fences).
-step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x -m gpu \
+wants memcheck && step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -x -m gpu \
   tests/test_kernels_gpu.py -k "(test_paged_attention_splits and dtype0 and (decode_gqa3_odd_lens or block4 or verify16_gqa4_window)) or test_fused_split_combine or wide_block_table"
-grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
+wants memcheck && grep -E "ERROR SUMMARY" "$OUT/memcheck.log" | tail -1
 
 # Decode and verify rows (Qwen3-8B, Qwen3.8-27B, SmolLM2) beside the best SDPA backend.
 bench_args="--modes decode verify --attention-only --out $OUT --max-minutes ${BENCH_MIN:-2.5}"
 [ "${QUICK:-0}" = 1 ] && bench_args="$bench_args --quick"
-step bench 260 python3 benchmarks/kernels.py $bench_args
-sed -n '/^| shape/,/^$/p' "$OUT/bench.log"
+wants bench && step bench 260 python3 benchmarks/kernels.py $bench_args
+wants bench && sed -n '/^| shape/,/^$/p' "$OUT/bench.log"
 exit $rc
