@@ -397,46 +397,94 @@ __device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const 
   }
 }
 
-// Run by the last split of a row tile to arrive: out[row] = sum_s 2^(m_s - M) o_s /
-// sum_s 2^(m_s - M) l_s over the splits that saw a key of the row (m_s > -inf); zeros where none
-// did. A warp per row, a lane per D/32 consecutive columns. Partials written by other CTAs are
-// read through L2 (__ldcg), never from this SM's L1.
-template <typename C>
-__device__ __forceinline__ void combine_splits(const PagedAttentionParams& p, const CtaWork& w) {
-  using T = typename C::Elem;
-  constexpr int D = C::kD, kPerLane = D / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+// One warp combines one output row: out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the
+// splits that saw a key of the row (m_s > -inf); zeros where none did. A lane per D/32 consecutive
+// columns. The weights come first (a lane per split, shuffled out after), so no load of a split's
+// O waits on another load: kUnroll splits' O are in flight at once instead of one split per
+// memory latency (a 64-row tile of 32 splits read one split at a time took ~100 us). Partials
+// written by other CTAs are read through L2 (__ldcg), never from this SM's L1. Empty splits wrote
+// no O (garbage there): their weight is 0 and their loaded values are never used.
+template <typename T, int D>
+__device__ __forceinline__ void combine_row(const PagedAttentionParams& p, int64_t row_index) {
+  constexpr int kPerLane = D / kWarpSize;
+  constexpr int kSplitRegs = kMaxSplits / kWarpSize;  // split s: lane s % 32, register s / 32
+  constexpr int kUnroll = D >= 256 ? 4 : 8;
+  const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.q_heads;
-  const float2* ml_base = reinterpret_cast<const float2*>(p.partial_ml);
+  const float2* ml = reinterpret_cast<const float2*>(p.partial_ml);
+  float weight[kSplitRegs], l_part[kSplitRegs], m_max = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kSplitRegs; ++j) {
+    const int s = j * kWarpSize + lane;
+    const float2 v = s < p.num_splits ? __ldcg(ml + s * rows + row_index) : make_float2(-INFINITY, 0.f);
+    weight[j] = v.x;
+    l_part[j] = v.y;
+    m_max = fmaxf(m_max, v.x);
+  }
+  m_max = warp_max(m_max);
+  float l_sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kSplitRegs; ++j) {
+    weight[j] = weight[j] == -INFINITY ? 0.f : exp2f(weight[j] - m_max);
+    l_sum += weight[j] * l_part[j];
+  }
+  l_sum = warp_sum(l_sum);
+  float acc[kPerLane];
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
+  const float* o_row = p.partial_o + row_index * D + lane * kPerLane;
+#pragma unroll
+  for (int j = 0; j < kSplitRegs; ++j) {
+    if (j * kWarpSize >= p.num_splits) break;
+    for (int s0 = 0; s0 < kWarpSize && j * kWarpSize + s0 < p.num_splits; s0 += kUnroll) {
+      float vals[kUnroll][kPerLane];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int s = j * kWarpSize + s0 + u;
+        const float* src = o_row + static_cast<int64_t>(s) * rows * D;
+#pragma unroll
+        for (int e = 0; e < kPerLane; e += 2) {
+          const float2 v = s < p.num_splits ? __ldcg(reinterpret_cast<const float2*>(src + e)) : make_float2(0.f, 0.f);
+          vals[u][e] = v.x;
+          vals[u][e + 1] = v.y;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float ws = __shfl_sync(kFullMask, weight[j], (s0 + u) % kWarpSize);
+        if (ws != 0.f) {  // uniform over the warp
+#pragma unroll
+          for (int e = 0; e < kPerLane; ++e) acc[e] += ws * vals[u][e];
+        }
+      }
+    }
+  }
+  const float inv = l_sum > 0.f ? 1.f / l_sum : 0.f;
+  Pack<T, kPerLane> out;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) out.v[e] = from_float<T>(acc[e] * inv);
+  *reinterpret_cast<Pack<T, kPerLane>*>(static_cast<T*>(p.out) + row_index * D + lane * kPerLane) = out;
+}
+
+// Run by the last split of a key-split tile (<= 16 rows) to arrive: its rows, a warp each.
+template <typename C>
+__device__ __forceinline__ void combine_tile(const PagedAttentionParams& p, const CtaWork& w) {
+  const int warp = threadIdx.x / kWarpSize;
   for (int local = warp; local < w.rows_here; local += C::kWarps) {
     const int row = w.row0 + local;
     const int64_t row_index = (w.q_begin + row / w.group) * p.q_heads + w.kvh * w.group + row % w.group;
-    float m_max = -INFINITY;
-    for (int s = lane; s < p.num_splits; s += kWarpSize) m_max = fmaxf(m_max, __ldcg(ml_base + s * rows + row_index).x);
-    m_max = warp_max(m_max);
-    float acc[kPerLane];
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
-    float l_sum = 0.f;
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float2 ml = __ldcg(ml_base + s * rows + row_index);
-      if (ml.x == -INFINITY) continue;  // uniform over the warp
-      const float weight = exp2f(ml.x - m_max);
-      l_sum += weight * ml.y;
-      const float* src = p.partial_o + (s * rows + row_index) * D + lane * kPerLane;
-#pragma unroll
-      for (int e = 0; e < kPerLane; e += 2) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(src + e));
-        acc[e] += weight * v.x;
-        acc[e + 1] += weight * v.y;
-      }
-    }
-    const float inv = l_sum > 0.f ? 1.f / l_sum : 0.f;
-    Pack<T, kPerLane> out;
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) out.v[e] = from_float<T>(acc[e] * inv);
-    *reinterpret_cast<Pack<T, kPerLane>*>(static_cast<T*>(p.out) + row_index * D + lane * kPerLane) = out;
+    combine_row<typename C::Elem, C::kD>(p, row_index);
   }
+}
+
+// The row tiles' combine (verify blocks, prefill): its own launch, a warp per output row over the
+// whole grid. A row tile holds up to 64 rows, so folding its splits in the last CTA to arrive
+// would read up to 1 MB of partials through one SM while the others idle.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) combine_splits_kernel(const PagedAttentionParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  if (row >= p.num_tokens * p.q_heads) return;
+  combine_row<T, D>(p, row);
 }
 
 // grid: (batch * kv_heads, num_splits, row tiles); block: 128 threads; dynamic smem kSmemBytes.
@@ -511,8 +559,10 @@ paged_attention_mma_kernel(const PagedAttentionParams p) {
   } else if (warp_active) {
     store_rows<C>(p, w, o, m_run, l_run);
   }
-  if (p.num_splits > 1 && arrive_last(p.arrivals + blockIdx.x * gridDim.z + blockIdx.z, p.num_splits))
-    combine_splits<C>(p, w);
+  if constexpr (KEY_SPLIT) {  // row tiles are combined by their own launch (combine_splits_kernel)
+    if (p.num_splits > 1 && arrive_last(p.arrivals + blockIdx.x * gridDim.z + blockIdx.z, p.num_splits))
+      combine_tile<C>(p, w);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -654,7 +704,7 @@ void plan_attention_splits(PagedAttentionParams& p, int num_sms, int64_t max_kv_
   if constexpr (!std::is_same<T, float>::value) {  // fp32 runs on CUDA cores, never split
     if (!attention_uses_mma(true, p.head_dim)) return;
     if (forced > 0) {
-      p.num_splits = forced;
+      p.num_splits = forced < kMaxSplits ? forced : kMaxSplits;  // the combine holds kMaxSplits weights
       p.min_split_tiles = 1;
       return;
     }
@@ -703,10 +753,14 @@ void launch_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t row_tiles = attention_row_tiles(p);
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(row_tiles));
-  if (p.num_splits > 1)  // errors surface through cudaGetLastError, as a launch's do
+  if (C::kKeySplit && p.num_splits > 1)  // errors surface through cudaGetLastError, as a launch's do
     cudaMemsetAsync(p.arrivals, 0, static_cast<size_t>(p.batch) * p.kv_heads * row_tiles * sizeof(int), stream);
   allow_max_dynamic_smem<kernel>();
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  if (!C::kKeySplit && p.num_splits > 1) {
+    const int64_t rows = p.num_tokens * p.q_heads;
+    combine_splits_kernel<typename C::Elem, C::kD><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(p);
+  }
 }
 
 template <typename T>
