@@ -37,6 +37,11 @@ if wants build; then
 fi
 python3 -c "import torch; from dspine_engine import ops; print(torch.cuda.get_device_name())" || exit 1
 
+# The tests run on the compiler's libstdc++: the GPU machine's torch loads an older one first, and
+# an exception whose message formats a number (the too-narrow table refusal) then crashes the
+# process (the runtime mismatch README describes; the same test passes with this preload).
+cxx_lib=$($(command -v c++ || echo g++) -print-file-name=libstdc++.so 2>/dev/null)
+[ -f "$cxx_lib" ] && export LD_PRELOAD=$cxx_lib
 # Every attention GPU test: references, splits on/off, the key split, windows across pages,
 # poisoned allocations, the fused combine under graph replay, the too-narrow table refusal.
 wants tests && step tests 200 python3 -m pytest -q -m gpu -n 4 tests/test_kernels_gpu.py -k "attention or combine or graph" -rf
