@@ -40,6 +40,9 @@
 #               launches, the draft's pieces, the verify's sync) beside the AR step.  ~1 min
 #               MEASURE="branches": the kernel branches' benchmarks (h200_branches.sh bench,
 #               BRANCH_BENCH="name=kernel_bench.py args;..."), before and after.            ~1-2 min each
+#               MEASURE="kernels" (not in the default set): benchmarks/attention_h200.sh on
+#               the stage-1 build: attention GPU tests, memcheck subset, decode/verify rows
+#               of benchmarks/kernel_bench.py beside SDPA (issue 12).                     ~4 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -337,6 +340,9 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   say "hybrid step table rc $?"
   timeout 300 python3 benchmarks/gated_delta.py --out $R > $R/logs/gated_delta.log 2>&1
   say "gated delta rc $?"; pack;; esac
+  case " $MEASURE " in *" kernels "*)  # issue 12: attention tests, memcheck, decode/verify vs SDPA
+  NO_BUILD=1 OUT=$R/kernels bash benchmarks/attention_h200.sh > $R/logs/attention_h200.log 2>&1
+  say "attention kernels rc $? : $(grep -E '^\[' $R/logs/attention_h200.log | tr '\n' ' ')"; pack;; esac
   case " $MEASURE " in *" speed "*)
   timeout 120 python3 benchmarks/train_speed.py --data $S/data.jsonl --steps 15 --out $R \
     > $R/logs/train_speed.log 2>&1

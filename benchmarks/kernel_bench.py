@@ -394,6 +394,8 @@ def markdown(result: dict) -> str:
             f"| {fmt(r['ours_TFLOPs'])} | {fmt(r['ours_GBps'], '.0f')} | {fmt(100 * r['frac_bw'], '.0f')} "
             f"| {fmt(100 * r['frac_mma'], '.0f')} | {fmt(r['sdpa_us'])} ({r['sdpa_backend'] or '-'}) "
             f"| {fmt(r['flex_us'])} | {fmt(r['speedup_vs_best_alt'], '.2f')} |")
+    if "injection" not in result:  # --attention-only
+        return "\n".join(lines)
     inj = result["injection"]
     lines += ["", f"Injection (d={inj['hidden']}, block {inj['block']}, batch 1): fused op "
               f"{inj['fused_op_us']:.1f} us/layer ({inj['fused_op_GBps']:.0f} GB/s), "
@@ -411,6 +413,11 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a ~1 minute subset")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="stop the attention sweep after this long (the JSON says so)")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
+                        help="only these attention modes (e.g. decode verify: issue 12's rows)")
+    parser.add_argument("--shapes", nargs="+", default=None, help="only these model shapes")
+    parser.add_argument("--attention-only", action="store_true",
+                        help="skip the injection, walk and verify rows")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                         help="directory for kernels_<device>.json")
     args = parser.parse_args(argv)
@@ -422,17 +429,20 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name()
     result = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick,
-              "command": "python benchmarks/kernel_bench.py" + (" --quick" if args.quick else "")}
+              "command": " ".join(["python benchmarks/kernel_bench.py"] + (argv if argv is not None else sys.argv[1:]))}
     result["ceilings"] = measure_ceilings(timer)
     result["attention"] = []
     start, cfgs = time.monotonic(), sweep(args.quick)
+    cfgs = [c for c in cfgs if (args.modes is None or c.mode in args.modes)
+            and (args.shapes is None or c.shape in args.shapes)]
     for cfg in tqdm(cfgs, desc="attention", unit="cfg"):
         if args.max_minutes and time.monotonic() - start > 60 * args.max_minutes:
             result["truncated"] = f"{len(result['attention'])} of {len(cfgs)} configurations"
             break
         result["attention"].append(bench_attention(cfg, timer, result["ceilings"]))
-    result["injection"] = bench_injection(timer)
-    result["sampling"] = bench_sampling(timer, result["ceilings"])
+    if not args.attention_only:
+        result["injection"] = bench_injection(timer)
+        result["sampling"] = bench_sampling(timer, result["ceilings"])
     os.makedirs(args.out, exist_ok=True)
     slug = "".join(ch if ch.isalnum() else "_" for ch in device).strip("_")
     path = os.path.join(args.out, f"kernels_{slug}.json")

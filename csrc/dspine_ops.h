@@ -23,7 +23,7 @@ DSPINE_OPS(DSPINE_DECLARE_OP)
 // Argument checks shared by both backends: they turn misuse into a readable Python error.
 void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& kv_lens,
-                          const at::Tensor& cu_q);
+                          const at::Tensor& cu_q, int64_t max_kv_len);
 void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,
                        const at::Tensor& cand_ids, const at::Tensor& cand_probs,
                        const at::Tensor& temperature, const at::Tensor& top_k,

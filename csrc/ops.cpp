@@ -8,7 +8,7 @@ namespace dspine {
 
 void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& kv_lens,
-                          const at::Tensor& cu_q) {
+                          const at::Tensor& cu_q, int64_t max_kv_len) {
   TORCH_CHECK(q.dim() == 3, "paged_attention: q must be [tokens, heads, head_dim]");
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == q.size(2), "paged_attention: q heads must be contiguous");
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
@@ -23,6 +23,12 @@ void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const 
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.is_contiguous(), "paged_attention: block_tables must be [batch, max_pages]");
   TORCH_CHECK(kv_lens.numel() == block_tables.size(0) && cu_q.numel() == kv_lens.numel() + 1,
               "paged_attention: batch sizes of block_tables, kv_lens, cu_q disagree");
+  // max_kv_len is the caller's host-side bound on every kv_len (0: none given). It is what lets
+  // CUDA, whose kv_lens stay on the device, refuse a table too narrow for the context: there a
+  // key without a page would read as a zero key and give a wrong result without an error.
+  TORCH_CHECK(max_kv_len >= 0, "paged_attention: max_kv_len must be >= 0 (0: not known)");
+  TORCH_CHECK(max_kv_len <= block_tables.size(1) * k_cache.size(1), "paged_attention: block_tables is too narrow: ",
+              block_tables.size(1), " pages of ", k_cache.size(1), " keys cannot hold max_kv_len = ", max_kv_len);
 }
 
 void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,

@@ -155,7 +155,7 @@ def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict 
 # --------------------------------------------------------------------------------------------
 
 def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len: int,
-                    causal: bool, window: int, scale: float) -> torch.Tensor:
+                    causal: bool, window: int, scale: float, max_kv_len: int = 0) -> torch.Tensor:
     """Attention of varlen queries against a paged KV cache (GQA).
 
     ``q [Nq, Hq, D]``; sequence b owns query rows ``cu_q[b]:cu_q[b+1]`` (n_b rows) and keys
@@ -166,14 +166,18 @@ def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len:
     CUDA launch uses it, so no host sync is needed). A query that sees no key outputs zeros.
     ``block_tables [B, max_pages]`` must give every key a query sees a page (so ``max_pages >=
     ceil(kv_lens[b] / page_size)``); -1 is allowed only for pages no query sees (outside the
-    window). Not checked on CUDA (kv_lens live on the device): there such a key reads as a zero
-    key, which still takes softmax weight, so the output is wrong without an error."""
+    window). ``max_kv_len`` (a host int, 0 = not given) bounds every ``kv_lens[b]``; CUDA plans
+    its split-KV grid from it (else from the table width) and both backends refuse a table
+    narrower than it. The CPU checks every length and visible page (its lengths and table are on
+    the host). CUDA cannot check the device ``kv_lens`` themselves without a sync: a key past the
+    table or on a -1 page reads as a zero key, which still takes softmax weight, so an understated
+    ``max_kv_len`` (or none, with a too-narrow table) gives a wrong output without an error."""
     return _ops.paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
-                                causal, window, scale)
+                                causal, window, scale, max_kv_len)
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
-                        causal, window, scale):
+                        causal, window, scale, max_kv_len=0):
     out = torch.zeros_like(q)
     page_size = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]
@@ -722,7 +726,7 @@ def _register_fakes() -> None:
         return None
 
     @reg(lib + "paged_attention")
-    def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale):
+    def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale, max_kv_len=0):
         return torch.empty_like(q)
 
     @reg(lib + "fused_injection")

@@ -307,6 +307,38 @@ def test_paged_attention_rejects_bad_metadata():
         ops.paged_attention(q, kc, vc, bt, kl - 2, cu, mq, True, 0, 0.1)
 
 
+def test_paged_attention_refuses_a_too_narrow_block_table():
+    """Issue 12 item 5: every table entry the kernel would index with is checked on the CPU (its
+    lengths and table are on the host); a stated max_kv_len the table cannot hold is refused on
+    both backends (the check CUDA can make without reading kv_lens)."""
+    q, kc, vc, bt, kl, cu, mq = attention_case([1, 3], [40, 37], 4, 2, 64, 16, torch.float32, DEV, 0)
+    want = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.1)
+    assert torch.equal(ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.1, 40), want)
+    narrow = bt[:, :2].contiguous()  # 32 keys of table for 40 and 37
+    with pytest.raises(RuntimeError, match="too narrow: kv_len 40 of sequence 0"):
+        ops.paged_attention(q, kc, vc, narrow, kl, cu, mq, True, 0, 0.1)
+    with pytest.raises(RuntimeError, match="too narrow: 4 pages of 16 keys cannot hold max_kv_len = 65"):
+        ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.1, 65)
+    with pytest.raises(RuntimeError, match="exceeds max_kv_len = 39"):
+        ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.1, 39)
+    with pytest.raises(RuntimeError, match="max_kv_len must be >= 0"):
+        ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.1, -1)
+    for bad in (-1, kc.shape[0]):  # freed, and past the pool, on a page the queries see
+        holed = bt.clone()
+        holed[1, 1] = bad
+        with pytest.raises(RuntimeError, match=rf"block_tables\[1, 1\] = {bad} is not a page"):
+            ops.paged_attention(q, kc, vc, holed, kl, cu, mq, True, 0, 0.1)
+    # Below the window of every query a page may be freed: sequence 1's queries (positions
+    # 34..36) see keys from 34 - 4 + 1 = 31 on, so its page 0 (keys 0..15) is never read.
+    freed = bt.clone()
+    freed[1, 0] = -1
+    windowed = ops.paged_attention(q, kc, vc, freed, kl, cu, mq, True, 4, 0.1)
+    assert torch.equal(windowed, ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 4, 0.1))
+    freed[1, 1] = -1  # keys 16..31: 31 is visible
+    with pytest.raises(RuntimeError, match=r"block_tables\[1, 1\] = -1 is not a page"):
+        ops.paged_attention(q, kc, vc, freed, kl, cu, mq, True, 4, 0.1)
+
+
 @pytest.mark.parametrize("shape", [(1, 16, 64), (3, 5, 576), (2, 16, 130)])
 def test_fused_injection(shape):
     n, b, h = shape

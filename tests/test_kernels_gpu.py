@@ -268,6 +268,105 @@ def test_paged_attention_rejects_bad_metadata():
     (q, kc, vc, bt, kl, cu, mq), _ = attention_inputs([4], [4], 2, 1, 64, 16, torch.bfloat16, DEV, 0)
     with pytest.raises(RuntimeError, match="int32"):
         ops.paged_attention(q, kc, vc, bt.long(), kl, cu, mq, True, 0, 0.1)
+    # The one table check CUDA can make without reading kv_lens: a stated bound past the table.
+    with pytest.raises(RuntimeError, match="too narrow"):
+        ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.1, bt.shape[1] * 16 + 1)
+
+
+# Split-KV and the key-split variant (<= 16 rows a tile): odd groups and lengths, page sizes that
+# are not powers of two, windows whose start falls inside a page (pages below it freed: -1), short
+# causal blocks of a small group (several queries in one key-split tile), exactly 16 rows.
+SPLIT_CASES = [
+    ("decode_gqa4_8k_b8", [1] * 8, _lens(4, 8, 7000, 8193), 32, 8, 128, 16, True, 0),
+    ("decode_gqa3_odd_lens", [1] * 6, [1, 17, 63, 65, 129, 4099], 9, 3, 64, 7, True, 0),
+    ("decode_gqa16_hd256", [1, 1], [5000, 333], 32, 2, 256, 16, True, 0),
+    ("decode_window_mid_page", [1] * 3, [4000, 1000, 37], 8, 2, 128, 16, True, 1000 - 13),
+    ("decode_window_page7", [1, 1], [3001, 500], 12, 4, 64, 7, True, 45),
+    ("block4_gqa4_keysplit", [4, 3, 4], [4000, 700, 4], 8, 2, 128, 16, True, 0),
+    ("block2_gqa8_window", [2, 2], [6000, 90], 16, 2, 64, 16, True, 77),
+    ("block5_gqa3_bidir", [5, 5], [2000, 5], 6, 2, 256, 16, False, 0),
+    ("verify16_gqa4_window_mid_page", [16] * 4, [9000, 5000, 8200, 16], 32, 8, 128, 16, True, 8192 - 5),
+]
+
+
+def _poison_allocator(nbytes=256 << 20):
+    """Frees a NaN-filled block so that the next allocations (the output, the split workspace)
+    are likely to reuse NaN memory: a row the kernel forgets to write, or a partial it reads
+    without a split having written it, shows up as NaN."""
+    junk = torch.full((nbytes // 4,), float("nan"), device=DEV)
+    del junk
+
+
+@pytest.mark.parametrize("splits", ["0", "1", "3", "128"])  # 0: the plan's count
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_paged_attention_splits(case, dtype, splits, monkeypatch):
+    monkeypatch.setenv("DSPINE_ATTN_SPLITS", splits)
+    _poison_allocator()
+    got, ref = _run_attention(case, dtype, seed=SPLIT_CASES.index(case) + 20)
+    assert rel_err_fp32(got, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("case", [c for c in SPLIT_CASES if c[0] in (
+    "decode_gqa4_8k_b8", "decode_gqa3_odd_lens", "verify16_gqa4_window_mid_page")], ids=lambda c: c[0])
+def test_paged_attention_max_kv_len_plans_the_same_result(case):
+    """The host bound only changes the split plan (and the grid it launches), never the result
+    beyond fp32 rounding of the combine; a graph-wide table with the exact bound too."""
+    _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
+    dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, 9,
+                                          causal=causal, window=window)
+    dev_args, ref_args = with_table_width(dev_args, ref_args, graph_table_width(kv_lens, ps))
+    q, kc, vc, *meta = ref_args
+    ref = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, causal, window, 0.1)
+    for bound in (0, max(kv_lens), 4 * max(kv_lens)):
+        if bound > dev_args[3].shape[1] * ps:
+            continue
+        _poison_allocator()
+        got = ops.paged_attention(*dev_args, causal, window, 0.1, bound)
+        assert rel_err_fp32(got, ref) < TOL[torch.bfloat16], bound
+
+
+@pytest.mark.parametrize("splits", ["0", "7"])
+def test_fused_split_combine_under_graph_replay(splits, monkeypatch):
+    """The last split to arrive combines; its arrival counters are zeroed by a memset inside the
+    graph, so every replay combines again. Two graphs share one memory pool (as the engine's do)
+    and the second one's temporaries overwrite the first one's workspace between replays."""
+    monkeypatch.setenv("DSPINE_ATTN_SPLITS", splits)
+    case_a = SPLIT_CASES[0]
+    case_b = ("verify16", [16] * 2, [3000, 700], 32, 8, 128, 16, True, 0)
+
+    def inputs(case, seed):
+        _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
+        return attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, seed,
+                                causal=causal, window=window)
+
+    (args_a, ref_a), (args_b, ref_b) = inputs(case_a, 1), inputs(case_b, 2)
+    run_a = lambda: ops.paged_attention(*args_a, True, 0, 0.1)  # noqa: E731
+    run_b = lambda: ops.paged_attention(*args_b, True, 0, 0.1) * 2  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run_a(), run_b()
+    torch.cuda.current_stream().wait_stream(side)
+    pool = torch.cuda.graph_pool_handle()
+    graph_a, graph_b = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph_a, pool=pool):
+        out_a = run_a()
+    with torch.cuda.graph(graph_b, pool=pool):
+        out_b = run_b()
+    results = []
+    for _ in range(2):
+        graph_a.replay()
+        results.append(out_a.clone())
+        graph_b.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(results[0], results[1])
+    q, kc, vc, *meta = ref_a
+    want = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, True, 0, 0.1)
+    assert rel_err_fp32(results[0], want) < TOL[torch.bfloat16]
+    q, kc, vc, *meta = ref_b
+    want_b = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, True, 0, 0.1) * 2
+    assert rel_err_fp32(out_b, want_b) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("d", [64, 96])

@@ -49,14 +49,9 @@ void check_positions(const int32_t* positions, int64_t tokens, int64_t cos_sin_r
 // Pages holding a key that some query of sequence b sees must exist; others are never read.
 void check_sequence_pages(const dspine_attention_args& a, const int32_t* table, int64_t b, int64_t n,
                           int64_t kv_len) {
-  if (n == 0) return;
-  const int64_t first_pos = kv_len - n;
-  const int64_t k_lo = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
-  for (int64_t page = k_lo / a.page_size; page * a.page_size < kv_len; ++page) {
-    const int32_t id = table[page];
-    require(id >= 0 && id < a.num_pages, "paged_attention: block_tables[", b, ", ", page, "] = ", id,
-            " is not a page of the cache (", a.num_pages, " pages) but holds visible keys");
-  }
+  const int64_t page = dspine::cpu::first_missing_page(table, n, kv_len, a.window, a.page_size, a.num_pages);
+  require(page < 0, "paged_attention: block_tables[", b, ", ", page, "] = ", page < 0 ? 0 : table[page],
+          " is not a page of the cache (", a.num_pages, " pages) but holds visible keys");
 }
 
 void check_attention_sequences(const dspine_attention_args& a, const int32_t* block_tables,

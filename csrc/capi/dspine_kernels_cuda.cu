@@ -192,8 +192,8 @@ dspine_status dspine_cuda_paged_attention_f32(const float* q, const float* k_cac
                       {block_tables, "block_tables"}, {kv_lens, "kv_lens"}, {cu_q, "cu_q"}});
     auto p = attention_params(q, k_cache, v_cache, out, block_tables, kv_lens, cu_q, num_q_tokens, max_q_len, a);
     // fp32 runs on CUDA cores without split-KV today; the split path is kept correct regardless.
-    const bool mma = dspine::gpu::attention_uses_mma(false, p.head_dim);
-    p.num_splits = mma ? dspine::gpu::attention_num_splits(p, device_attribute(cudaDevAttrMultiProcessorCount, op)) : 1;
+    // No host bound on the context here (0): the table width stands in.
+    dspine::gpu::plan_attention_splits<float>(p, device_attribute(cudaDevAttrMultiProcessorCount, op), 0);
     StreamScratch scratch(dspine::gpu::attention_workspace_floats(p) * sizeof(float), stream, op);
     if (p.num_splits > 1) dspine::gpu::bind_attention_workspace(p, reinterpret_cast<float*>(scratch.bytes()));
     dspine::gpu::launch_paged_attention<float>(p, stream);

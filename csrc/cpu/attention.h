@@ -39,6 +39,21 @@ struct PagedAttentionArgs {
   float scale;
 };
 
+// The first column of sequence b's table row (`table`, max_pages wide) that holds a key some
+// query of the sequence sees but names no page of the cache (-1, or >= num_pages), or -1 when
+// there is none. Visible keys run from the first query's window start to kv_len - 1; columns
+// wholly below the window may be freed (-1). The kernel indexes the cache with these entries
+// unchecked, so the bindings run this first (kv_len <= max_pages * page_size is checked before).
+inline int64_t first_missing_page(const int32_t* table, int64_t n, int64_t kv_len, int64_t window,
+                                  int64_t page_size, int64_t num_pages) {
+  if (n <= 0) return -1;
+  const int64_t first_pos = kv_len - n;
+  const int64_t k_lo = window > 0 ? std::max<int64_t>(0, first_pos - window + 1) : 0;
+  for (int64_t page = k_lo / page_size; page * page_size < kv_len; ++page)
+    if (table[page] < 0 || table[page] >= num_pages) return page;
+  return -1;
+}
+
 namespace attn {
 
 // One work item's buffers: queries, a segment's running output, max, sum and rescaling per row,

@@ -90,20 +90,38 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
-                           int64_t max_q_len, bool causal, int64_t window, double scale) {
-  check_attention_args(q, k_cache, v_cache, block_tables, kv_lens, cu_q);
+                           int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len) {
+  check_attention_args(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_kv_len);
   auto out = at::zeros({q.size(0), q.size(1), q.size(2)}, q.options());
   auto bt = block_tables.contiguous(), kl = kv_lens.contiguous(), cq = cu_q.contiguous();
   const int64_t batch = kl.numel();
   const int32_t* klp = kl.data_ptr<int32_t>();
   const int32_t* cqp = cq.data_ptr<int32_t>();
+  const int32_t* btp = bt.data_ptr<int32_t>();
   TORCH_CHECK(cqp[0] == 0 && cqp[batch] == q.size(0), "paged_attention: cu_q must run from 0 to the number of query rows");
-  for (int64_t b = 0; b < batch; ++b) {
+  // Everything the kernel indexes with is on the host here, so every bad entry is an error (each
+  // check finds its first offender, then raises outside the loop: common.h, first_outside).
+  const int64_t width = bt.size(1), page_size = k_cache.size(1);
+  int64_t few_keys = -1, too_long = -1, past_bound = -1, no_page = -1, no_page_col = -1;
+  for (int64_t b = batch - 1; b >= 0; --b) {
     const int64_t n = cqp[b + 1] - cqp[b];
-    TORCH_CHECK(n >= 0 && n <= klp[b], "paged_attention: sequence ", b, " has more queries than keys");
-    TORCH_CHECK(klp[b] <= bt.size(1) * k_cache.size(1), "paged_attention: kv_len of sequence ", b,
-                " exceeds its block table");
+    if (n < 0 || n > klp[b]) few_keys = b;
+    if (klp[b] > width * page_size) too_long = b;
+    if (max_kv_len > 0 && klp[b] > max_kv_len) past_bound = b;
   }
+  TORCH_CHECK(few_keys < 0, "paged_attention: sequence ", few_keys, " has more queries than keys");
+  TORCH_CHECK(too_long < 0, "paged_attention: block_tables is too narrow: kv_len ", too_long < 0 ? 0 : klp[too_long],
+              " of sequence ", too_long, " exceeds its ", width, " pages of ", page_size, " keys");
+  TORCH_CHECK(past_bound < 0, "paged_attention: kv_len ", past_bound < 0 ? 0 : klp[past_bound], " of sequence ",
+              past_bound, " exceeds max_kv_len = ", max_kv_len);
+  for (int64_t b = batch - 1; b >= 0; --b) {
+    const int64_t col = cpu::first_missing_page(btp + b * width, cqp[b + 1] - cqp[b], klp[b], window, page_size,
+                                                k_cache.size(0));
+    if (col >= 0) no_page = b, no_page_col = col;
+  }
+  TORCH_CHECK(no_page < 0, "paged_attention: block_tables[", no_page, ", ", no_page_col, "] = ",
+              no_page < 0 ? 0 : btp[no_page * width + no_page_col], " is not a page of the cache (", k_cache.size(0),
+              " pages) but holds keys the sequence's queries see");
   PagedAttentionArgs a{batch, q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), bt.size(1),
                        q.stride(0), causal, window, static_cast<float>(scale)};
   DSPINE_DISPATCH_FLOATS(q.scalar_type(), "paged_attention", [&] {

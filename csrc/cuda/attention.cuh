@@ -1,25 +1,32 @@
 // Paged sliding-window attention with GQA (CUDA). Semantics: dspine_engine/ops.py:paged_attention.
 //
 // Main path (bf16/fp16, head_dim 64/128/256): FlashAttention-2 style on mma.sync m16n8k16.
-// - A CTA (4 warps) owns one (sequence, kv head, tile of 64 rows), where row r of a sequence is
-//   the pair (query r / group, head r % group): the query heads of one GQA group and the queries
-//   of one block share the M dimension, so every K/V tile is read once per kv head for all of them
-//   (decode: group rows; verify/draft blocks: 16 * group rows).
-// - K/V tiles (64 keys, 32 for head_dim 256) stream through shared memory with cp.async, double
-//   buffered. Page lookups happen per key row while loading; keys outside the CTA's visible range
-//   are never read (zero-filled), so pages outside the window may be -1 in the block table.
+// - A CTA (4 warps) owns one (sequence, kv head, tile of rows), where row r of a sequence is the
+//   pair (query r / group, head r % group): the query heads of one GQA group and the queries of
+//   one block share the M dimension, so every K/V tile is read once per kv head for all of them.
+// - Two variants of one kernel. Row tiles (prefill, verify/draft blocks): 64 rows, warp w owns
+//   rows 16w..16w+15 against every key. Key split (decode, and anything of <= 16 rows): one
+//   16-row tile shared by the 4 warps, warp w owns keys 16w..16w+15 of every 64-key tile, and the
+//   warps' (max, sum, O) are merged through shared memory at the end. A decode step has only
+//   `group` real rows (4 for Qwen3-8B): as a row tile, one warp did all the CTA's math.
+// - K/V tiles stream through a ring of shared-memory stages filled by cp.async (3 stages for the
+//   key split at head_dim <= 128: two tiles in flight while one is computed). Page lookups happen
+//   per key row while loading; keys outside the CTA's visible range are never read (zero-filled),
+//   so pages outside the window may be -1 in the block table.
 // - S = Q K^T and O += P V run on tensor cores with fp32 accumulators; the softmax is online
 //   (running max / sum per row, in the exp2 domain), P is re-packed from the S accumulators
 //   straight into A fragments (no shared-memory round trip).
 // - Split-KV (flash-decoding): when (sequences x kv heads x row tiles) cannot fill the GPU, grid.y
-//   splits each key range; splits write unnormalised fp32 partials + (max, sum) and a second
-//   kernel combines them. The split count is chosen on the host from shapes alone (no sync).
+//   splits each key range; splits write unnormalised fp32 partials + (max, sum), and the last
+//   split of a row tile to finish (an arrival counter) combines them: no second kernel. The split
+//   count is planned on the host (attention_splits.cuh), the ranges from the device kv_lens.
 // Fallback (fp32, other head dims): one warp per (query, head), CUDA cores, no split.
 #pragma once
 
 #include <cmath>
 #include <type_traits>
 
+#include "attention_splits.cuh"
 #include "common.cuh"
 #include "mma.cuh"
 
@@ -36,6 +43,7 @@ struct PagedAttentionParams {
   const int32_t* cu_q;
   float* partial_o;   // [splits, num_tokens, q_heads, head_dim] (split-KV only)
   float* partial_ml;  // [splits, num_tokens, q_heads, 2]: running max (log2 domain) and sum
+  int* arrivals;      // [batch * kv_heads * row tiles] split arrival counters, zeroed per launch
   int64_t q_row_stride;  // elements between query tokens; heads and head_dim are contiguous
   int64_t num_tokens;    // query rows
   int64_t num_pages;
@@ -44,6 +52,7 @@ struct PagedAttentionParams {
   bool causal;
   float scale;
   int num_splits;
+  int min_split_tiles;  // a non-empty split reads at least this many key tiles (split-KV only)
 };
 
 // Keys [lo, hi] visible to the query at position pos (empty when hi < lo).
@@ -83,16 +92,39 @@ __device__ __forceinline__ int64_t kv_offset(const int32_t* table, int kp, const
 // Tensor-core kernel
 // ---------------------------------------------------------------------------------------------
 
-template <typename T, int D>
+// Tile shape of the two variants, shared by the kernel and the host (row tiles, workspace).
+// The key split gives each warp 16 keys of a 64-key stage (16 is the k of the P V mma); row tiles
+// at head_dim 256 stream 32 keys a stage so that two stages and Q fit twice on a Hopper SM.
+constexpr int mma_block_m(bool key_split) { return key_split ? 16 : 64; }
+constexpr int mma_block_n(bool key_split, int head_dim) { return key_split || head_dim < 256 ? 64 : 32; }
+
+template <typename T, int D, bool KEY_SPLIT>
 struct MmaTile {
+  using Elem = T;
+  static constexpr int kD = D;
+  static constexpr bool kKeySplit = KEY_SPLIT;
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * kWarpSize;
-  static constexpr int kBlockM = 16 * kWarps;         // rows (query, head) per CTA
-  static constexpr int kBlockN = D >= 256 ? 32 : 64;  // keys per pipeline stage
-  static constexpr int kPitch = D + 8;                // +16 bytes per smem row: conflict-free ldmatrix
-  static constexpr int kChunks = D / 8;               // 16-byte chunks per row
-  static constexpr bool kQInRegs = D <= 128;          // head_dim 256 re-reads Q from smem (registers)
-  static constexpr size_t kSmemBytes = static_cast<size_t>(kBlockM + 4 * kBlockN) * kPitch * sizeof(T);
+  static constexpr int kBlockM = mma_block_m(KEY_SPLIT);      // rows (query, head) per CTA
+  static constexpr int kBlockN = mma_block_n(KEY_SPLIT, D);   // keys per pipeline stage
+  static constexpr int kWarpN = KEY_SPLIT ? 16 : kBlockN;     // keys one warp multiplies per stage
+  // Pipeline depth. The key split only streams, so it keeps two tiles in flight while it computes
+  // a third where that still fits twice per Hopper SM (head_dim <= 128: 109 KB a CTA). Row tiles
+  // keep two stages: their occupancy is register-bound and prefill is compute-bound.
+  static constexpr int kStages = KEY_SPLIT && D <= 128 ? 3 : 2;
+  static constexpr int kPitch = D + 8;         // +16 bytes per smem row: conflict-free ldmatrix
+  static constexpr int kChunks = D / 8;        // 16-byte chunks per row
+  static constexpr bool kQInRegs = D <= 128;   // head_dim 256 re-reads Q from smem (registers)
+  static constexpr int kTileElems = kBlockN * kPitch;
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kBlockM + 2 * kStages * kBlockN) * kPitch * sizeof(T);
+  // The key split merges its warps' (O, max, sum) fragments through the idle K/V stages.
+  static constexpr size_t kMergeBytes = static_cast<size_t>(kWarps - 1) * (D / 2 + 4) * kWarpSize * sizeof(float);
+  static_assert(!KEY_SPLIT || kWarps * kWarpN == kBlockN, "the key split covers a stage with its warps");
+  static_assert(kMergeBytes <= 2 * kStages * kBlockN * kPitch * sizeof(T), "merge scratch fits in the stages");
+
+  // First row (inside the CTA's tile) and first key (inside a stage) of the calling warp.
+  __device__ static int warp_row0() { return KEY_SPLIT ? 0 : static_cast<int>(threadIdx.x / kWarpSize) * 16; }
+  __device__ static int warp_key0() { return KEY_SPLIT ? static_cast<int>(threadIdx.x / kWarpSize) * kWarpN : 0; }
 };
 
 // Which rows and keys one CTA handles.
@@ -103,7 +135,7 @@ struct CtaWork {
   int tile_begin, tile_end;
 };
 
-template <int BLOCK_M, int BLOCK_N>
+template <typename C>
 __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   CtaWork w;
   w.b = blockIdx.x / p.kv_heads;
@@ -115,8 +147,8 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   w.first_pos = w.kv_len - w.n;
   w.page_shift = page_shift_of(p.page_size);
   // Heaviest (latest, for causal) row tiles first: better balance of the triangular work.
-  w.row0 = (gridDim.z - 1 - blockIdx.z) * BLOCK_M;
-  w.rows_here = min(BLOCK_M, w.n * w.group - w.row0);
+  w.row0 = (gridDim.z - 1 - blockIdx.z) * C::kBlockM;
+  w.rows_here = min(C::kBlockM, w.n * w.group - w.row0);
   w.tile_begin = w.tile_end = 0;
   if (w.rows_here <= 0) return w;
   const KeyRange first = visible_keys(w.first_pos + w.row0 / w.group, w.kv_len, p.causal, p.window);
@@ -126,16 +158,20 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   w.key_hi = last.hi;
   w.full_lo = last.lo;
   w.full_hi = first.hi;
-  const int tiles = w.key_hi >= w.key_lo ? w.key_hi / BLOCK_N - w.key_lo / BLOCK_N + 1 : 0;
-  const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  w.tile_begin = w.key_lo / BLOCK_N + static_cast<int>(blockIdx.y) * per_split;
-  w.tile_end = min(w.key_lo / BLOCK_N + tiles, w.tile_begin + per_split);
+  const int tiles = w.key_hi >= w.key_lo ? w.key_hi / C::kBlockN - w.key_lo / C::kBlockN + 1 : 0;
+  // The real context decides how many splits get keys: each gets at least min_split_tiles, so a
+  // grid planned for a long context (a graph captured at the cache's width) runs few, full
+  // splits on a short one; the others stay empty and only report (max -inf, sum 0).
+  int per_split = (tiles + p.num_splits - 1) / p.num_splits;
+  if (per_split < p.min_split_tiles) per_split = p.min_split_tiles;
+  w.tile_begin = w.key_lo / C::kBlockN + static_cast<int>(blockIdx.y) * per_split;
+  w.tile_end = min(w.key_lo / C::kBlockN + tiles, w.tile_begin + per_split);
   return w;
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void load_q_tile(T* sQ, const PagedAttentionParams& p, const CtaWork& w) {
-  using C = MmaTile<T, D>;
+template <typename C>
+__device__ __forceinline__ void load_q_tile(typename C::Elem* sQ, const PagedAttentionParams& p, const CtaWork& w) {
+  using T = typename C::Elem;
   const T* q = static_cast<const T*>(p.q);
   for (int c = threadIdx.x; c < C::kBlockM * C::kChunks; c += C::kThreads) {
     const int r = c / C::kChunks, ch = c % C::kChunks;
@@ -145,23 +181,26 @@ __device__ __forceinline__ void load_q_tile(T* sQ, const PagedAttentionParams& p
       const int row = w.row0 + r;
       const int64_t token = w.q_begin + row / w.group;
       const int head = w.kvh * w.group + row % w.group;
-      src = q + token * p.q_row_stride + static_cast<int64_t>(head) * D + ch * 8;
+      src = q + token * p.q_row_stride + static_cast<int64_t>(head) * C::kD + ch * 8;
     }
     cp_async_16(sQ + r * C::kPitch + ch * 8, src, valid);
   }
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void load_kv_tile(T* sK, T* sV, const PagedAttentionParams& p, const CtaWork& w,
-                                             int tile) {
-  using C = MmaTile<T, D>;
+// Issues the copies of key tile `tile` into one stage: 2 * kBlockN * D / 8 16-byte copies over
+// the CTA's threads, all in flight at once.
+template <typename C>
+__device__ __forceinline__ void load_kv_tile(typename C::Elem* sK, typename C::Elem* sV, const PagedAttentionParams& p,
+                                             const CtaWork& w, int tile) {
+  using T = typename C::Elem;
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
   for (int c = threadIdx.x; c < C::kBlockN * C::kChunks; c += C::kThreads) {
     const int r = c / C::kChunks, ch = c % C::kChunks;
     const int kp = tile * C::kBlockN + r;
-    const int64_t off = (kp >= w.key_lo && kp <= w.key_hi) ? kv_offset(table, kp, p, w.page_shift, w.kvh, D) : -1;
+    const int64_t off =
+        (kp >= w.key_lo && kp <= w.key_hi) ? kv_offset(table, kp, p, w.page_shift, w.kvh, C::kD) : -1;
     const bool valid = off >= 0;
     cp_async_16(sK + r * C::kPitch + ch * 8, valid ? kc + off + ch * 8 : kc, valid);
     cp_async_16(sV + r * C::kPitch + ch * 8, valid ? vc + off + ch * 8 : vc, valid);
@@ -169,34 +208,33 @@ __device__ __forceinline__ void load_kv_tile(T* sK, T* sV, const PagedAttentionP
 }
 
 // A fragment of the warp's 16 Q rows for head-dim columns kk*16 .. kk*16+15.
-template <typename T, int D>
-__device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const T* sQ, int kk) {
-  using C = MmaTile<T, D>;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int row = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+template <typename C>
+__device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const typename C::Elem* sQ, int kk) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = C::warp_row0() + (lane % 8) + ((lane / 8) % 2) * 8;
   ldmatrix_x4(a, sQ + row * C::kPitch + kk * 16 + (lane / 16) * 8);
 }
 
-// s = Q K^T for the warp's 16 rows and the tile's kBlockN keys.
-template <typename T, int D>
-__device__ __forceinline__ void warp_scores(float (&s)[MmaTile<T, D>::kBlockN / 8][4],
-                                            const uint32_t (&qf)[MmaTile<T, D>::kQInRegs ? D / 16 : 1][4],
-                                            const T* sQ, const T* sK) {
-  using C = MmaTile<T, D>;
+// s = Q K^T for the warp's 16 rows and its kWarpN keys (sK points at the warp's first key).
+template <typename C>
+__device__ __forceinline__ void warp_scores(float (&s)[C::kWarpN / 8][4],
+                                            const uint32_t (&qf)[C::kQInRegs ? C::kD / 16 : 1][4],
+                                            const typename C::Elem* sQ, const typename C::Elem* sK) {
+  using T = typename C::Elem;
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
-  for (int nt = 0; nt < C::kBlockN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  for (int nt = 0; nt < C::kWarpN / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
+  for (int kk = 0; kk < C::kD / 16; ++kk) {
     uint32_t a[4];
     if constexpr (C::kQInRegs) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) a[i] = qf[kk][i];
     } else {
-      load_q_frag<T, D>(a, sQ, kk);
+      load_q_frag<C>(a, sQ, kk);
     }
 #pragma unroll
-    for (int nt2 = 0; nt2 < C::kBlockN / 16; ++nt2) {
+    for (int nt2 = 0; nt2 < C::kWarpN / 16; ++nt2) {
       uint32_t b[4];  // b0,b1 of key tile 2*nt2, then of key tile 2*nt2+1
       const int key = nt2 * 16 + (lane % 8) + (lane / 16) * 8;
       ldmatrix_x4(b, sK + key * C::kPitch + kk * 16 + ((lane / 8) % 2) * 8);
@@ -254,20 +292,20 @@ __device__ __forceinline__ void softmax_update(float (&s)[BN / 8][4], float (&o)
   }
 }
 
-// o += P V with P taken from the score accumulators.
-template <typename T, int D>
-__device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&s)[MmaTile<T, D>::kBlockN / 8][4],
-                                        const T* sV) {
-  using C = MmaTile<T, D>;
+// o += P V with P taken from the score accumulators (sV points at the warp's first key).
+template <typename C>
+__device__ __forceinline__ void warp_pv(float (&o)[C::kD / 8][4], const float (&s)[C::kWarpN / 8][4],
+                                        const typename C::Elem* sV) {
+  using T = typename C::Elem;
   const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
-  for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+  for (int kk = 0; kk < C::kWarpN / 16; ++kk) {
     const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                            pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                            pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
     const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
 #pragma unroll
-    for (int dt2 = 0; dt2 < D / 16; ++dt2) {
+    for (int dt2 = 0; dt2 < C::kD / 16; ++dt2) {
       uint32_t b[4];  // b0,b1 of head-dim tile 2*dt2, then of 2*dt2+1
       ldmatrix_x4_trans(b, sV + key * C::kPitch + dt2 * 16 + (lane / 16) * 8);
       mma_16816<T>(o[2 * dt2], a, b[0], b[1]);
@@ -276,12 +314,57 @@ __device__ __forceinline__ void warp_pv(float (&o)[D / 8][4], const float (&s)[M
   }
 }
 
-// Writes the thread's two rows: normalised T output, or fp32 partials when the keys are split.
-template <typename T, int D>
-__device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const CtaWork& w,
-                                           const float (&o)[D / 8][4], const float (&m_run)[2],
-                                           float (&l_run)[2]) {
+// Key split: warps 1..3 hand their (O, max, sum) fragments to warp 0 through shared memory and
+// warp 0 rescales everything to the common max and adds. Every warp holds the same rows in the
+// same fragment layout, so a thread reads exactly its own rows' and columns' values (the stride
+// of 32 floats between a lane's values keeps the accesses conflict-free). Called by all threads.
+template <int D>
+__device__ __forceinline__ void merge_warps(float (&o)[D / 8][4], float (&m_run)[2], float (&l_run)[2],
+                                            float* scratch) {
+  constexpr int kVals = D / 2 + 4;  // o fragments, then m of both rows, then l of both rows
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  if (warp > 0) {
+    float* dst = scratch + (warp - 1) * kVals * kWarpSize + lane;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[(dt * 4 + e) * kWarpSize] = o[dt][e];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      dst[(D / 2 + r) * kWarpSize] = m_run[r];
+      dst[(D / 2 + 2 + r) * kWarpSize] = l_run[r];
+    }
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  for (int from = 0; from < 3; ++from) {
+    const float* src = scratch + from * kVals * kWarpSize + lane;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float m_other = src[(D / 2 + r) * kWarpSize];
+      const float m_new = fmaxf(m_run[r], m_other);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // neither saw a key: both weights 0
+      const float mine = exp2f(m_run[r] - m_use), theirs = exp2f(m_other - m_use);
+      m_run[r] = m_new;
+      l_run[r] = l_run[r] * mine + src[(D / 2 + 2 + r) * kWarpSize] * theirs;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][2 * r] = o[dt][2 * r] * mine + src[(dt * 4 + 2 * r) * kWarpSize] * theirs;
+        o[dt][2 * r + 1] = o[dt][2 * r + 1] * mine + src[(dt * 4 + 2 * r + 1) * kWarpSize] * theirs;
+      }
+    }
+  }
+}
+
+// Writes the thread's two rows: normalised T output, or fp32 partials when the keys are split
+// (O only where the split saw a key: the combine skips rows whose max is -inf).
+template <typename C>
+__device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const CtaWork& w,
+                                           const float (&o)[C::kD / 8][4], const float (&m_run)[2],
+                                           float (&l_run)[2]) {
+  using T = typename C::Elem;
+  constexpr int D = C::kD;
+  const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(kFullMask, l_run[r], 1);
@@ -289,7 +372,7 @@ __device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const 
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int local = warp * 16 + lane / 4 + 8 * r;
+    const int local = C::warp_row0() + lane / 4 + 8 * r;
     if (local >= w.rows_here) continue;
     const int row = w.row0 + local;
     const int64_t token = w.q_begin + row / w.group;
@@ -303,30 +386,121 @@ __device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const 
         *reinterpret_cast<uint32_t*>(dst + dt * 8) = pack2<T>(o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
     } else {
       const int64_t part = static_cast<int64_t>(blockIdx.y) * p.num_tokens * p.q_heads + row_index;
-      float* dst = p.partial_o + part * D + (lane % 4) * 2;
+      if (m_run[r] != -INFINITY) {
+        float* dst = p.partial_o + part * D + (lane % 4) * 2;
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt)
-        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+        for (int dt = 0; dt < D / 8; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[dt][2 * r], o[dt][2 * r + 1]);
+      }
       if (lane % 4 == 0) *reinterpret_cast<float2*>(p.partial_ml + part * 2) = make_float2(m_run[r], l_run[r]);
     }
   }
 }
 
-// grid: (batch * kv_heads, num_splits, row tiles); block: 128 threads; dynamic smem kSmemBytes.
+// One warp combines one output row: out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s over the
+// splits that saw a key of the row (m_s > -inf); zeros where none did. A lane per D/32 consecutive
+// columns. The weights come first (a lane per split, shuffled out after), so no load of a split's
+// O waits on another load: kUnroll splits' O are in flight at once instead of one split per
+// memory latency (a 64-row tile of 32 splits read one split at a time took ~100 us). Partials
+// written by other CTAs are read through L2 (__ldcg), never from this SM's L1. Empty splits wrote
+// no O (garbage there): their weight is 0 and their loaded values are never used.
 template <typename T, int D>
-__global__ void __launch_bounds__(MmaTile<T, D>::kThreads)
+__device__ __forceinline__ void combine_row(const PagedAttentionParams& p, int64_t row_index) {
+  constexpr int kPerLane = D / kWarpSize;
+  constexpr int kSplitRegs = kMaxSplits / kWarpSize;  // split s: lane s % 32, register s / 32
+  constexpr int kUnroll = D >= 256 ? 4 : 8;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t rows = p.num_tokens * p.q_heads;
+  const float2* ml = reinterpret_cast<const float2*>(p.partial_ml);
+  float weight[kSplitRegs], l_part[kSplitRegs], m_max = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kSplitRegs; ++j) {
+    const int s = j * kWarpSize + lane;
+    const float2 v = s < p.num_splits ? __ldcg(ml + s * rows + row_index) : make_float2(-INFINITY, 0.f);
+    weight[j] = v.x;
+    l_part[j] = v.y;
+    m_max = fmaxf(m_max, v.x);
+  }
+  m_max = warp_max(m_max);
+  float l_sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kSplitRegs; ++j) {
+    weight[j] = weight[j] == -INFINITY ? 0.f : exp2f(weight[j] - m_max);
+    l_sum += weight[j] * l_part[j];
+  }
+  l_sum = warp_sum(l_sum);
+  float acc[kPerLane];
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
+  const float* o_row = p.partial_o + row_index * D + lane * kPerLane;
+#pragma unroll
+  for (int j = 0; j < kSplitRegs; ++j) {
+    if (j * kWarpSize >= p.num_splits) break;
+    for (int s0 = 0; s0 < kWarpSize && j * kWarpSize + s0 < p.num_splits; s0 += kUnroll) {
+      float vals[kUnroll][kPerLane];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int s = j * kWarpSize + s0 + u;
+        const float* src = o_row + static_cast<int64_t>(s) * rows * D;
+#pragma unroll
+        for (int e = 0; e < kPerLane; e += 2) {
+          const float2 v = s < p.num_splits ? __ldcg(reinterpret_cast<const float2*>(src + e)) : make_float2(0.f, 0.f);
+          vals[u][e] = v.x;
+          vals[u][e + 1] = v.y;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float ws = __shfl_sync(kFullMask, weight[j], (s0 + u) % kWarpSize);
+        if (ws != 0.f) {  // uniform over the warp
+#pragma unroll
+          for (int e = 0; e < kPerLane; ++e) acc[e] += ws * vals[u][e];
+        }
+      }
+    }
+  }
+  const float inv = l_sum > 0.f ? 1.f / l_sum : 0.f;
+  Pack<T, kPerLane> out;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) out.v[e] = from_float<T>(acc[e] * inv);
+  *reinterpret_cast<Pack<T, kPerLane>*>(static_cast<T*>(p.out) + row_index * D + lane * kPerLane) = out;
+}
+
+// Run by the last split of a key-split tile (<= 16 rows) to arrive: its rows, a warp each.
+template <typename C>
+__device__ __forceinline__ void combine_tile(const PagedAttentionParams& p, const CtaWork& w) {
+  const int warp = threadIdx.x / kWarpSize;
+  for (int local = warp; local < w.rows_here; local += C::kWarps) {
+    const int row = w.row0 + local;
+    const int64_t row_index = (w.q_begin + row / w.group) * p.q_heads + w.kvh * w.group + row % w.group;
+    combine_row<typename C::Elem, C::kD>(p, row_index);
+  }
+}
+
+// The row tiles' combine (verify blocks, prefill): its own launch, a warp per output row over the
+// whole grid. A row tile holds up to 64 rows, so folding its splits in the last CTA to arrive
+// would read up to 1 MB of partials through one SM while the others idle.
+template <typename T, int D>
+__global__ void __launch_bounds__(256) combine_splits_kernel(const PagedAttentionParams p) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  if (row >= p.num_tokens * p.q_heads) return;
+  combine_row<T, D>(p, row);
+}
+
+// grid: (batch * kv_heads, num_splits, row tiles); block: 128 threads; dynamic smem kSmemBytes.
+template <typename T, int D, bool KEY_SPLIT>
+__global__ void __launch_bounds__(MmaTile<T, D, KEY_SPLIT>::kThreads)
 paged_attention_mma_kernel(const PagedAttentionParams p) {
-  using C = MmaTile<T, D>;
+  using C = MmaTile<T, D, KEY_SPLIT>;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sK = sQ + C::kBlockM * C::kPitch;  // [2 stages][kBlockN][kPitch]
-  T* sV = sK + 2 * C::kBlockN * C::kPitch;
+  T* sKV = sQ + C::kBlockM * C::kPitch;  // kStages x (K tile, V tile)
 
-  const CtaWork w = cta_work<C::kBlockM, C::kBlockN>(p);
-  if (w.rows_here <= 0) return;  // uniform over the CTA
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const bool warp_active = warp * 16 < w.rows_here;  // a decode tile may fill only one warp
-  const int row = w.row0 + warp * 16 + lane / 4;     // this thread's rows: row and row + 8
+  const CtaWork w = cta_work<C>(p);
+  if (w.rows_here <= 0) return;  // uniform over the CTA, and over the row tile's splits
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const bool warp_active = C::warp_row0() < w.rows_here;  // a row tile may fill only one warp
+  const int row = w.row0 + C::warp_row0() + lane / 4;     // this thread's rows: row and row + 8
   const KeyRange vis0 = visible_keys(w.first_pos + row / w.group, w.kv_len, p.causal, p.window);
   const KeyRange vis1 = visible_keys(w.first_pos + (row + 8) / w.group, w.kv_len, p.causal, p.window);
   const float scale_log2 = p.scale * 1.4426950408889634f;
@@ -337,71 +511,57 @@ paged_attention_mma_kernel(const PagedAttentionParams p) {
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   uint32_t qf[C::kQInRegs ? D / 16 : 1][4];
 
-  load_q_tile<T, D>(sQ, p, w);
+  // Commit groups: Q, then one per tile (empty past the range), so that before computing tile i
+  // exactly kStages - 2 younger groups may still be in flight.
+  load_q_tile<C>(sQ, p, w);
   cp_async_commit();
-  if (w.tile_begin < w.tile_end) {
-    load_kv_tile<T, D>(sK, sV, p, w, w.tile_begin);
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (w.tile_begin + s < w.tile_end)
+      load_kv_tile<C>(sKV + 2 * s * C::kTileElems, sKV + (2 * s + 1) * C::kTileElems, p, w, w.tile_begin + s);
     cp_async_commit();
   }
   for (int t = w.tile_begin; t < w.tile_end; ++t) {
-    const int stage = (t - w.tile_begin) & 1;
-    if (t + 1 < w.tile_end) {  // prefetch the next tile into the other stage
-      load_kv_tile<T, D>(sK + (stage ^ 1) * C::kBlockN * C::kPitch, sV + (stage ^ 1) * C::kBlockN * C::kPitch,
-                         p, w, t + 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int i = t - w.tile_begin;
+    cp_async_wait<C::kStages - 2>();
+    // Tile t has landed for every thread; every warp is done with tile t - 1, whose stage the
+    // prefetch below refills.
     __syncthreads();
+    const int next = t + C::kStages - 1;
+    if (next < w.tile_end) {
+      const int ns = (i + C::kStages - 1) % C::kStages;
+      load_kv_tile<C>(sKV + 2 * ns * C::kTileElems, sKV + (2 * ns + 1) * C::kTileElems, p, w, next);
+    }
+    cp_async_commit();
     if (warp_active) {
       if constexpr (C::kQInRegs) {
-        if (t == w.tile_begin) {
+        if (i == 0) {
 #pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk) load_q_frag<T, D>(qf[kk], sQ, kk);
+          for (int kk = 0; kk < D / 16; ++kk) load_q_frag<C>(qf[kk], sQ, kk);
         }
       }
-      const T* k_stage = sK + stage * C::kBlockN * C::kPitch;
-      const T* v_stage = sV + stage * C::kBlockN * C::kPitch;
-      float s[C::kBlockN / 8][4];
-      warp_scores<T, D>(s, qf, sQ, k_stage);
-      const int k0 = t * C::kBlockN;
-      const bool need_mask = !(k0 >= w.full_lo && k0 + C::kBlockN - 1 <= w.full_hi);
-      softmax_update<C::kBlockN, D>(s, o, m_run, l_run, k0, need_mask, vis0, vis1, scale_log2);
-      warp_pv<T, D>(o, s, v_stage);
+      const int stage = i % C::kStages;
+      const T* k_warp = sKV + 2 * stage * C::kTileElems + C::warp_key0() * C::kPitch;
+      const T* v_warp = sKV + (2 * stage + 1) * C::kTileElems + C::warp_key0() * C::kPitch;
+      float s[C::kWarpN / 8][4];
+      warp_scores<C>(s, qf, sQ, k_warp);
+      const int k0 = t * C::kBlockN + C::warp_key0();
+      const bool need_mask = !(k0 >= w.full_lo && k0 + C::kWarpN - 1 <= w.full_hi);
+      softmax_update<C::kWarpN, D>(s, o, m_run, l_run, k0, need_mask, vis0, vis1, scale_log2);
+      warp_pv<C>(o, s, v_warp);
     }
-    __syncthreads();  // the stage is refilled by the next iteration's prefetch
   }
-  cp_async_wait<0>();  // the Q copy, when there was no tile at all
-  if (warp_active) store_rows<T, D>(p, w, o, m_run, l_run);
-}
-
-// out[row] = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s; one warp per (token, head) row.
-template <typename T>
-__global__ void __launch_bounds__(256) combine_splits_kernel(const PagedAttentionParams p) {
-  const int64_t rows = p.num_tokens * p.q_heads;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (row >= rows) return;
-  const int d = p.head_dim;
-  float m_max = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) m_max = fmaxf(m_max, p.partial_ml[(s * rows + row) * 2]);
-  T* dst = static_cast<T*>(p.out) + row * d;
-  if (m_max == -INFINITY) {  // the query sees no key
-    for (int x = lane; x < d; x += kWarpSize) dst[x] = from_float<T>(0.f);
-    return;
+  cp_async_wait<0>();  // the Q copy when there was no tile; the empty trailing groups
+  if constexpr (KEY_SPLIT) {
+    __syncthreads();  // every warp is done with the stages before they hold the merge
+    merge_warps<D>(o, m_run, l_run, reinterpret_cast<float*>(sKV));
+    if (warp == 0) store_rows<C>(p, w, o, m_run, l_run);
+  } else if (warp_active) {
+    store_rows<C>(p, w, o, m_run, l_run);
   }
-  float l_sum = 0.f;
-  for (int s = 0; s < p.num_splits; ++s) {
-    const float2 ml = *reinterpret_cast<const float2*>(p.partial_ml + (s * rows + row) * 2);
-    l_sum += exp2f(ml.x - m_max) * ml.y;
-  }
-  const float inv = 1.f / l_sum;
-  for (int x = lane; x < d; x += kWarpSize) {
-    float acc = 0.f;
-    for (int s = 0; s < p.num_splits; ++s)
-      acc += exp2f(p.partial_ml[(s * rows + row) * 2] - m_max) * p.partial_o[(s * rows + row) * d + x];
-    dst[x] = from_float<T>(acc * inv);
+  if constexpr (KEY_SPLIT) {  // row tiles are combined by their own launch (combine_splits_kernel)
+    if (p.num_splits > 1 && arrive_last(p.arrivals + blockIdx.x * gridDim.z + blockIdx.z, p.num_splits))
+      combine_tile<C>(p, w);
   }
 }
 
@@ -480,61 +640,126 @@ __global__ void __launch_bounds__(128) paged_attention_simt_kernel(const PagedAt
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host side: path choice, split heuristic, launch
+// Host side: path choice, split plan, workspace, launch
 // ---------------------------------------------------------------------------------------------
 
 inline bool attention_uses_mma(bool half_precision, int head_dim) {
   return half_precision && (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
-// Split count for the tensor-core path, from shapes alone (kv_lens live on the device).
-inline int attention_num_splits(const PagedAttentionParams& p, int num_sms) {
-  const int block_m = 64;
-  const int block_n = p.head_dim >= 256 ? 32 : 64;
-  const int ctas_per_sm = p.head_dim <= 64 ? 3 : 2;  // what registers and shared memory allow
-  const int64_t group = p.q_heads / p.kv_heads;
-  const int64_t rows = static_cast<int64_t>(p.max_q_len) * group;
-  const int64_t work = static_cast<int64_t>(p.batch) * p.kv_heads * ceil_div(rows, block_m);
-  const int64_t target = static_cast<int64_t>(num_sms) * ctas_per_sm;
-  if (work <= 0 || work >= target) return 1;
-  int64_t max_keys = static_cast<int64_t>(p.max_pages) * p.page_size;
-  if (p.window > 0 && p.window + p.max_q_len < max_keys) max_keys = p.window + p.max_q_len;
-  const int64_t max_tiles = ceil_div(max_keys, block_n) + 1;
-  // Every split writes fp32 partials for its rows and the combine reads them back; reading at
-  // least ~8 keys per row keeps that traffic a fraction of the K/V bytes.
-  const int64_t rows_per_cta = rows < block_m ? rows : block_m;
-  int64_t min_tiles = ceil_div(8 * rows_per_cta, block_n);
-  if (min_tiles < 2) min_tiles = 2;
-  int64_t splits = ceil_div(target, work);
-  if (splits > max_tiles / min_tiles) splits = max_tiles / min_tiles;
-  if (splits > 128) splits = 128;
-  return splits < 1 ? 1 : static_cast<int>(splits);
+// The key-split variant runs every call whose row tiles hold at most 16 rows (decode: the GQA
+// group; a short block of a small group).
+inline bool attention_key_split(const PagedAttentionParams& p) {
+  return static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads) <= mma_block_m(true);
+}
+
+inline int64_t attention_row_tiles(const PagedAttentionParams& p) {
+  return ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), mma_block_m(attention_key_split(p)));
+}
+
+// Calls f(C{}) with C the MmaTile of the tensor-core variant that runs p (attention_uses_mma).
+template <typename T, bool KEY_SPLIT, typename F>
+void visit_mma_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 64: f(MmaTile<T, 64, KEY_SPLIT>{}); break;
+    case 128: f(MmaTile<T, 128, KEY_SPLIT>{}); break;
+    default: f(MmaTile<T, 256, KEY_SPLIT>{}); break;
+  }
+}
+
+template <typename T, typename F>
+void visit_mma_tile(const PagedAttentionParams& p, F&& f) {
+  if (attention_key_split(p))
+    visit_mma_head_dim<T, true>(p.head_dim, f);
+  else
+    visit_mma_head_dim<T, false>(p.head_dim, f);
+}
+
+// CTAs of variant C one SM holds (registers and shared memory), as the CUDA runtime computes it.
+// A host-side query, asked once per device (the split plan runs at every call).
+template <typename C>
+int mma_ctas_per_sm() {
+  constexpr auto kernel = paged_attention_mma_kernel<typename C::Elem, C::kD, C::kKeySplit>;
+  static std::atomic<int> cached[64];  // per device; 0 = not asked yet
+  int dev = 0;
+  cudaGetDevice(&dev);
+  std::atomic<int>& slot = cached[dev & 63];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  allow_max_dynamic_smem<kernel>();
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, C::kThreads, C::kSmemBytes) != cudaSuccess || n < 1)
+    n = 1;
+  slot.store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// Sets p.num_splits and p.min_split_tiles (1 and 0 off the tensor-core path). max_kv_len: a host
+// bound on every sequence's kv_len, e.g. the largest context of a graph's bucket; <= 0 when
+// unknown, then the block table's width stands in. forced > 0 fixes the count (even ranges, as
+// many non-empty splits as the keys allow: a testing and tuning aid).
+template <typename T>
+void plan_attention_splits(PagedAttentionParams& p, int num_sms, int64_t max_kv_len, int forced = 0) {
+  p.num_splits = 1;
+  p.min_split_tiles = 0;
+  if constexpr (!std::is_same<T, float>::value) {  // fp32 runs on CUDA cores, never split
+    if (!attention_uses_mma(true, p.head_dim)) return;
+    if (forced > 0) {
+      p.num_splits = forced < kMaxSplits ? forced : kMaxSplits;  // the combine holds kMaxSplits weights
+      p.min_split_tiles = 1;
+      return;
+    }
+    int64_t max_keys = max_kv_len > 0 ? max_kv_len : static_cast<int64_t>(p.max_pages) * p.page_size;
+    if (p.window > 0 && p.window + static_cast<int64_t>(p.max_q_len) < max_keys) max_keys = p.window + p.max_q_len;
+    const int64_t rows = static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads);
+    visit_mma_tile<T>(p, [&](auto tile) {
+      using C = decltype(tile);
+      SplitInputs in;
+      in.work = static_cast<int64_t>(p.batch) * p.kv_heads * attention_row_tiles(p);
+      in.slots = static_cast<int64_t>(num_sms) * mma_ctas_per_sm<C>();
+      in.max_keys = max_keys;
+      in.rows_per_cta = rows < C::kBlockM ? rows : C::kBlockM;
+      in.block_n = C::kBlockN;
+      const SplitPlan plan = plan_splits(in);
+      p.num_splits = plan.num_splits;
+      p.min_split_tiles = plan.min_split_tiles;
+    });
+  }
 }
 
 // Workspace (floats) the split path needs; 0 when num_splits == 1.
 inline int64_t attention_workspace_floats(const PagedAttentionParams& p) {
   if (p.num_splits <= 1) return 0;
-  return static_cast<int64_t>(p.num_splits) * p.num_tokens * p.q_heads * (p.head_dim + 2);
+  static_assert(sizeof(int) == sizeof(float), "arrival counters share the float workspace");
+  const int64_t rows = p.num_tokens * p.q_heads;
+  return static_cast<int64_t>(p.num_splits) * rows * (p.head_dim + 2) +
+         static_cast<int64_t>(p.batch) * p.kv_heads * attention_row_tiles(p);
 }
 
 // The workspace's one layout (every caller binds it here): the partial outputs
-// [splits][tokens][q_heads][head_dim], then each partial row's (max, sum) pair.
+// [splits][tokens][q_heads][head_dim], each partial row's (max, sum) pair, then one arrival
+// counter per (sequence, kv head, row tile), which the launch zeroes (a memset node in a graph:
+// the graphs share one memory pool, so counters left in a workspace would not survive to the next
+// replay).
 inline void bind_attention_workspace(PagedAttentionParams& p, float* workspace) {
+  const int64_t partials = static_cast<int64_t>(p.num_splits) * p.num_tokens * p.q_heads;
   p.partial_o = workspace;
-  p.partial_ml = workspace + static_cast<int64_t>(p.num_splits) * p.num_tokens * p.q_heads * p.head_dim;
+  p.partial_ml = workspace + partials * p.head_dim;
+  p.arrivals = reinterpret_cast<int*>(p.partial_ml + partials * 2);
 }
 
-template <typename T, int D>
+template <typename C>
 void launch_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
-  using C = MmaTile<T, D>;
-  const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
+  constexpr auto kernel = paged_attention_mma_kernel<typename C::Elem, C::kD, C::kKeySplit>;
+  const int64_t row_tiles = attention_row_tiles(p);
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(row_tiles));
-  allow_max_dynamic_smem<paged_attention_mma_kernel<T, D>>();
-  paged_attention_mma_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  if (p.num_splits > 1) {
+  if (C::kKeySplit && p.num_splits > 1)  // errors surface through cudaGetLastError, as a launch's do
+    cudaMemsetAsync(p.arrivals, 0, static_cast<size_t>(p.batch) * p.kv_heads * row_tiles * sizeof(int), stream);
+  allow_max_dynamic_smem<kernel>();
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  if (!C::kKeySplit && p.num_splits > 1) {
     const int64_t rows = p.num_tokens * p.q_heads;
-    combine_splits_kernel<T><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(p);
+    combine_splits_kernel<typename C::Elem, C::kD><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(p);
   }
 }
 
@@ -544,20 +769,19 @@ void launch_attention_simt(const PagedAttentionParams& p, cudaStream_t stream) {
   paged_attention_simt_kernel<T><<<static_cast<unsigned>(ceil_div(warps, 4)), 128, 0, stream>>>(p);
 }
 
-// When num_splits > 1, bind_attention_workspace(p, w) must have given p a workspace w of
-// attention_workspace_floats(p) floats.
+// plan_attention_splits<T> must have set p's split fields, and when num_splits > 1,
+// bind_attention_workspace(p, w) must have given p a workspace w of attention_workspace_floats(p)
+// floats.
 template <typename T>
 void launch_paged_attention(const PagedAttentionParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.batch == 0 || p.max_q_len <= 0) return;
   if constexpr (std::is_same<T, float>::value) {
     launch_attention_simt<T>(p, stream);
   } else {
-    switch (p.head_dim) {
-      case 64: launch_attention_mma<T, 64>(p, stream); break;
-      case 128: launch_attention_mma<T, 128>(p, stream); break;
-      case 256: launch_attention_mma<T, 256>(p, stream); break;
-      default: launch_attention_simt<T>(p, stream); break;
-    }
+    if (attention_uses_mma(true, p.head_dim))
+      visit_mma_tile<T>(p, [&](auto tile) { launch_attention_mma<decltype(tile)>(p, stream); });
+    else
+      launch_attention_simt<T>(p, stream);
   }
 }
 

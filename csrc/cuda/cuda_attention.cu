@@ -19,10 +19,10 @@ static int forced_splits() {
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
-                           int64_t max_q_len, bool causal, int64_t window, double scale) {
+                           int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len) {
   check_device("paged_attention", q_in, k_cache, v_cache, block_tables, kv_lens, cu_q);
   const c10::cuda::CUDAGuard guard(q_in.device());
-  check_attention_args(q_in, k_cache, v_cache, block_tables, kv_lens, cu_q);
+  check_attention_args(q_in, k_cache, v_cache, block_tables, kv_lens, cu_q, max_kv_len);
   TORCH_CHECK(max_q_len >= 0, "paged_attention: max_q_len must be >= 0");
   TORCH_CHECK(k_cache.size(3) <= gpu::kSimtMaxHeadDim, "paged_attention: head_dim must be <= ",
               gpu::kSimtMaxHeadDim, " on CUDA");
@@ -57,14 +57,14 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   p.causal = causal;
   p.scale = static_cast<float>(scale);
   TORCH_CHECK(max_q_len * (p.q_heads / p.kv_heads) <= 64LL * 65535, "paged_attention: max_q_len is too large");
-  p.num_splits = !mma ? 1 : forced_splits() > 0 ? forced_splits() : gpu::attention_num_splits(p, num_sms());
   at::Tensor workspace;
-  if (p.num_splits > 1) {
-    workspace = at::empty({gpu::attention_workspace_floats(p)}, q.options().dtype(at::kFloat));
-    gpu::bind_attention_workspace(p, workspace.data_ptr<float>());
-  }
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);
+    gpu::plan_attention_splits<T>(p, num_sms(), max_kv_len, forced_splits());
+    if (p.num_splits > 1) {
+      workspace = at::empty({gpu::attention_workspace_floats(p)}, q.options().dtype(at::kFloat));
+      gpu::bind_attention_workspace(p, workspace.data_ptr<float>());
+    }
     gpu::launch_paged_attention<T>(p, stream());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

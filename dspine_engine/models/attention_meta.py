@@ -14,7 +14,10 @@ class AttnMeta:
 
     Tokens of sequence b are rows ``cu_q[b]:cu_q[b+1]`` of the flattened batch; their K/V go to
     ``slots``; after the write sequence b has ``kv_lens[b]`` keys. All tensors are int32 on the
-    model's device; ``max_q_len`` is a host int so kernels launch without a sync."""
+    model's device; ``max_q_len`` is a host int so kernels launch without a sync, as is
+    ``max_kv_len``, a bound on every ``kv_lens[b]`` when the caller knows one (0: the block
+    table's width stands in; `ops.paged_attention` plans its split-KV grid from it and refuses a
+    table narrower than it)."""
 
     positions: torch.Tensor  # [N]
     slots: torch.Tensor  # [N]
@@ -24,6 +27,7 @@ class AttnMeta:
     max_q_len: int
     causal: bool = True
     recurrent: RecurrentMeta | None = None  # hybrid targets: where each sequence's state lives
+    max_kv_len: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -369,7 +369,8 @@ class DSpineDraft(nn.Module):
             k, v = self._kv(i, torch.cat([ctx, x]))
             ops.write_kv(k, v, kv_positions, bd.cos_sin, k_caches[i], v_caches[i], kv_slots)
             attn = ops.paged_attention(q, k_caches[i], v_caches[i], meta.block_tables,
-                                       meta.kv_lens, meta.cu_q, blk, False, window, self.scale)
+                                       meta.kv_lens, meta.cu_q, blk, False, window, self.scale,
+                                       meta.max_kv_len)
             hidden = hidden + tables.o(attn.view(bsz * blk, -1))
             x = ops.rms_norm(hidden, layer.post_attention_layernorm.weight, c.rms_norm_eps)
             gu = tables.gate_up(x)

@@ -170,7 +170,7 @@ class TargetModel:
         ops.write_kv(k, v, meta.positions, self.cos_sin, k_cache, v_cache, meta.slots)
         attn = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.kv_lens,
                                    meta.cu_q, meta.max_q_len, meta.causal, layer.window,
-                                   self.scale).view(n, q_size)
+                                   self.scale, meta.max_kv_len).view(n, q_size)
         if layer.output_gate:
             attn = attn * torch.sigmoid(qkv[:, q_size + 2 * kv_size:])
         return layer.o(attn)

@@ -1,0 +1,66 @@
+// Split-KV (flash-decoding) heuristic of the paged attention's tensor-core path. Host-only,
+// plain C++ over shape numbers, so it is one place to tune and reads no device memory (a launch
+// stays graph-capturable). attention.cuh feeds it the kernel variant's tile shape and the
+// occupancy the CUDA runtime reports for it.
+#pragma once
+
+#include <cstdint>
+
+namespace dspine {
+namespace gpu {
+
+struct SplitPlan {
+  int num_splits;       // grid.y: the most splits any (sequence, kv head, row tile) may use
+  int min_split_tiles;  // every non-empty split reads at least this many key tiles (run time)
+};
+
+struct SplitInputs {
+  int64_t work;           // CTAs without splitting: sequences x kv heads x row tiles
+  int64_t slots;          // CTAs the GPU holds at once: SMs x CTAs per SM (occupancy API)
+  int64_t max_keys;       // host bound on the keys one row tile reads (max context, window)
+  int64_t rows_per_cta;   // query rows (query, head) one CTA carries: partial-output rows
+  int block_n;            // keys per tile of the kernel variant
+};
+
+// The most splits worth launching.
+constexpr int kMaxSplits = 128;
+
+// Why these numbers:
+// - Split only while the unsplit grid leaves SMs idle (work < slots): past one full wave the
+//   split's partial traffic and combine are pure overhead.
+// - A split reads at least max(256, 8 * rows) keys. The partials cost 8 bytes per row and head
+//   dim (fp32 write + read back) against 4 bytes per key and head dim of K/V (bf16 K and V), so
+//   8 keys per row keeps them at most a quarter of the K/V bytes; 256 keys (4 tiles of 64) keep a
+//   CTA's start-up latency (Q load, page lookups, first tile) small next to its streaming.
+//   The kernel applies the same floor at run time against the real kv_len, so a graph captured
+//   for a long context (many splits) replayed at a short one runs few, full splits and lets the
+//   rest exit at once.
+// - Among the counts allowed, the smallest whose grid fills its last wave to within 5% of the
+//   best fill: one split of 4 CTAs more than a wave holds costs a whole extra wave (the old
+//   ceil(slots / work) rule launched 320 CTAs into 264 slots for Qwen3-8B at batch 8).
+inline SplitPlan plan_splits(const SplitInputs& in) {
+  const SplitPlan none{1, 0};
+  if (in.work <= 0 || in.slots <= 0 || in.work >= in.slots || in.block_n <= 0) return none;
+  int64_t min_keys = 8 * in.rows_per_cta;
+  if (min_keys < 256) min_keys = 256;
+  const int64_t min_tiles = (min_keys + in.block_n - 1) / in.block_n;
+  const int64_t max_tiles = (in.max_keys + in.block_n - 1) / in.block_n + 1;  // +1: unaligned start
+  int64_t limit = max_tiles / min_tiles;
+  if (limit > kMaxSplits) limit = kMaxSplits;
+  if (limit < 2) return none;
+  // Fill of the last wave, in parts per million, of a grid of work * s CTAs.
+  const auto fill = [&](int64_t s) {
+    const int64_t ctas = in.work * s;
+    const int64_t waves = (ctas + in.slots - 1) / in.slots;
+    return ctas * 1000000 / (waves * in.slots);
+  };
+  int64_t best = 0;
+  for (int64_t s = 1; s <= limit; ++s)
+    if (fill(s) > best) best = fill(s);
+  int64_t splits = 1;
+  while (splits < limit && fill(splits) * 100 < best * 95) ++splits;
+  return SplitPlan{static_cast<int>(splits), static_cast<int>(min_tiles)};
+}
+
+}  // namespace gpu
+}  // namespace dspine
