@@ -108,7 +108,8 @@ def main(argv=None) -> int:
         clock = time.process_time
         kw.update(cpu_threads=1)
     ar = Engine(None, **kw)
-    dr = Engine(None, draft="default", spec_policy="fixed", **kw)
+    # auto: the engine then captures a CUDA graph at every verify width the profile times.
+    dr = Engine(None, draft="default", spec_policy="auto", **kw)
     step = ar_step(ar.runner, args.reps)
     pieces = profile(dr.runner, args.reps)
     info = run_info(args.device)

@@ -171,3 +171,17 @@ def test_greedy_lossless_on_gpu(spec_engine, smollm2_dir, real_prompts):
                   kv_cache_tokens=GPU_KV_TOKENS),
         real_prompts, params, one_by_one=8)
     assert pools_whole(spec_engine)
+
+
+def test_padding_round_at_an_uncaptured_width_runs_eagerly(smollm2_dir, draft_dir):
+    """A fixed-policy engine captures the full-block verify only; a padding round at another
+    width (benchmarks/round_profile.py times every width) runs eagerly instead of failing on
+    the missing graph, and the full block still replays its graph."""
+    eng = Engine(smollm2_dir, draft=draft_dir, device="cuda", max_num_seqs=4, progress=False,
+                 kv_cache_tokens=GPU_KV_TOKENS, spec_policy="fixed")
+    runner = eng.runner
+    assert runner.graphs.has("verify") and not runner.graphs.has("verify2")
+    for width, graphed in ((1, False), (2, False), (runner.block, True)):
+        runner.padding_round(1, width)
+        torch.cuda.synchronize()
+        assert runner._use_graph is graphed, width

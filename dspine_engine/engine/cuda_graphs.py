@@ -36,6 +36,10 @@ class GraphSet:
     def fits(self, b: int) -> bool:
         return b <= self.sizes[-1]
 
+    def has(self, name: str) -> bool:
+        """Whether ``name`` was captured (at every size)."""
+        return any(key[0] == name for key in self._graphs)
+
     def padded(self, b: int) -> int:
         return self.sizes[bisect.bisect_left(self.sizes, b)]
 

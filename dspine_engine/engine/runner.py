@@ -169,7 +169,10 @@ class ModelRunner:
     def stage_padding(self, b: int, tokens: int) -> None:
         """Prepares a round of ``b`` padding rows at ``tokens`` verified per row."""
         self._tokens = tokens
-        self._use_graph = self.graphs is not None and self.graphs.fits(b)
+        # A width the engine never verifies has no graph (fixed policy: the full block only);
+        # its padding round runs eagerly rather than failing (round_profile.py times them all).
+        self._use_graph = (self.graphs is not None and self.graphs.fits(b)
+                           and self.graphs.has(self._verify_graph(tokens)))
         n = self.graphs.padded(b) if self._use_graph else b
         self.inputs.fill_rows(0, n, self.cache.padding_seat)
         if tokens > 1:  # as many context rows as a drafted round of this width leaves pending
