@@ -168,16 +168,24 @@ data_stats() {  # once the generators have ended: what they wrote, into data_sta
   while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
   for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
   say "data: $(head -1 $S/data_stats.txt)"
+  stop_mps
 }
 
 start_mps() {  # CUDA MPS for the generators (the default pipe directory: every later process uses it)
   nvidia-cuda-mps-control -d > $R/logs/mps.log 2>&1 &&
     timeout 60 python3 -c "import torch; print(torch.ones(8, device='cuda').sum().item())" >> $R/logs/mps.log 2>&1
   local rc=$?
-  if [ $rc = 0 ]; then say "MPS on"; else
+  if [ $rc = 0 ]; then touch $S/mps.on; say "MPS on"; else
     echo quit | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
     say "MPS unavailable (rc $rc), generators time-slice: $(tail -2 $R/logs/mps.log | tr '\n' ' ')"
   fi
+}
+
+stop_mps() {  # once the generators are done: the fit and measure calls run as on a plain GPU
+  # (run 12's e2e ran under the still-running daemon, 2026-12-03: not comparable with run 11's)
+  [ -f $S/mps.on ] || return 0
+  echo quit | timeout 30 nvidia-cuda-mps-control >/dev/null 2>&1
+  rm -f $S/mps.on; say "MPS off"
 }
 
 wait_build() {
