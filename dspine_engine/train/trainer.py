@@ -24,7 +24,7 @@ from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from .capture import TargetCapture
 from .distributed import DistContext
-from .draft_run import DraftRun, cosine_factor, find_state  # noqa: F401  (find_state: CLI)
+from .draft_run import DraftRun, LRSchedule, find_state  # noqa: F401  (find_state: CLI)
 from .evaluation import EvalAccumulator, walk_correct, walk_tables
 from .flops import ce_terms, draft_step_flops, target_capture_flops
 from .forward import make_blocks, sample_anchors, teacher_states
@@ -129,8 +129,10 @@ class Trainer:
             raise ValueError(f"{len(data)} training sequences cannot be shared by {world} ranks")
         self.batch_size = self.global_batch // world
         self.auto_steps = cfg.steps == 0
-        self.total_steps = (10**6 if self.auto_steps else cfg.steps) or max(1, math.ceil(
+        total = (10**6 if self.auto_steps else cfg.steps) or max(1, math.ceil(
             cfg.epochs * (len(data) // self.global_batch) / cfg.grad_accum))
+        self.schedule = LRSchedule.start(total, cfg.warmup, cfg.min_lr_ratio)
+        self.clock = time.monotonic  # the budget's time source (a test drives its own)
         self.runs = [DraftRun(_kind(draft), draft, target, cfg, out_dir, self._lr_factor,
                               self.dist)]
         if ablation is not None:
@@ -148,8 +150,12 @@ class Trainer:
             raise ValueError("drafts trained together must tap the same target layers")
         return taps[0]
 
+    @property
+    def total_steps(self) -> int:
+        return self.schedule.total
+
     def _lr_factor(self, step: int) -> float:
-        return cosine_factor(step, self.total_steps, self.cfg.warmup, self.cfg.min_lr_ratio)
+        return self.schedule.factor(step)
 
     # ------------------------------------------------------------------ one batch
     def _capture(self, batch, generator, shard: bool = True):
@@ -251,7 +257,7 @@ class Trainer:
     def run(self, t_start: float | None = None) -> bool:
         """Trains to ``total_steps`` or until the time budget; returns True when finished."""
         cfg = self.cfg
-        t_start = t_start or time.monotonic()
+        t_start = self.clock() if t_start is None else t_start
         deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
         step_time, save_time = 0.0, 30.0  # estimates, refined as we go
         first_step = self.step
@@ -262,19 +268,19 @@ class Trainer:
         try:
             while self.step < self.total_steps:
                 # Rank 0 decides, so that every rank stops at the same step.
-                if self.dist.from_main(time.monotonic() + step_time + save_time > deadline):
+                if self.dist.from_main(self.clock() + step_time + save_time > deadline):
                     save_time = self._checkpoint()
                     self._say(f"time budget reached at step {self.step}/{self.total_steps}; "
                               f"checkpoint in {self.out}; continue with --resume")
                     return False
-                t0 = time.monotonic()
+                t0 = self.clock()
                 self.train_step()
                 window.add(self)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     self._log_train(bar, window)
                     window = _Window()
                 bar.update()
-                dt = time.monotonic() - t0
+                dt = self.clock() - t0
                 step_time = 0.9 * step_time + 0.1 * dt if step_time else dt
                 timed.append(dt)
                 done = self.step - first_step
@@ -300,11 +306,17 @@ class Trainer:
     def _size_to_budget(self, step_times: list[float], ckpt_time: float, deadline: float,
                         bar) -> None:
         """steps=0: the run's length follows from the measured step and checkpoint times, so
-        the cosine schedule ends inside --max-minutes instead of being cut short."""
+        the cosine schedule ends inside --max-minutes instead of being cut short (or leaving
+        time unused); the schedule is re-planned from this step, so the learning rate stays
+        continuous."""
         step = sorted(step_times)[len(step_times) // 2]
-        left = (deadline - time.monotonic()) * 0.97 - ckpt_time  # the final checkpoint
+        left = (deadline - self.clock()) * 0.97 - ckpt_time  # the final checkpoint
         more = max(1, int(left / (step + ckpt_time / self.cfg.save_every)))
-        self.total_steps = self.dist.from_main(self.step + more)
+        total = self.dist.from_main(self.step + more)  # every rank plans the same schedule
+        if total == self.total_steps:
+            return
+        # Anchored at the next step, whose learning rate the scheduler has already set.
+        self.schedule = self.schedule.replan(self.step, total, self.cfg.warmup)
         bar.total = self.total_steps
         self._say(f"sized to the budget: {self.total_steps} steps ({step * 1e3:.0f} ms/step, "
                   f"{ckpt_time:.1f} s per checkpoint)")
@@ -358,7 +370,7 @@ class Trainer:
 
     def _save_state(self) -> None:
         for run in self.runs:
-            run.save_state(self.step, self.total_steps, self.data_info)
+            run.save_state(self.step, self.schedule, self.data_info)
 
     def save(self) -> None:
         """Writes every draft (bf16) and its resume state, without evaluating."""
@@ -369,8 +381,9 @@ class Trainer:
     def load_state(self, state_dirs: list[Path], states: list[dict]) -> None:
         for run, d, st in zip(self.runs, state_dirs, states):
             run.load_state(d, st)
-        self.step = states[0]["step"]
-        self.total_steps = states[0]["total_steps"]
+        self.step, saved = states[0]["step"], states[0]
+        self.schedule = LRSchedule.from_state(saved["total_steps"], saved.get("lr_schedule"),
+                                              self.cfg.warmup, self.cfg.min_lr_ratio)
         self.auto_steps = self.auto_steps and self.total_steps >= 10**6
 
 
