@@ -223,6 +223,41 @@ def test_lr_stays_continuous_when_the_run_is_resized(warmup):
     assert _plain_cosine(300, 1500, 60, 0.05) - _plain_cosine(300, 600, 24, 0.05) > 0.2
 
 
+def test_a_run_that_gets_faster_is_resized_to_fill_its_budget(small_vocab_target, tmp_path,
+                                                              monkeypatch):
+    """Steps that take 0.1 s until step 150 and 0.05 s after it (the GPU shared at first): the
+    run grows to fill its 60 s instead of stopping at the ~560 steps planned at step 120 (at
+    ~37 s), with a continuous learning rate. A fake clock and step: no real timing."""
+    from dspine_engine.train import trainer as trainer_mod
+
+    data = SequenceData(_records(), 256)
+    trainer = Trainer(small_vocab_target, _draft(small_vocab_target), data, None,
+                      _config(steps=0, max_minutes=1.0, log_every=10**6), tmp_path)
+    now, factors, planned = [1000.0], [], []
+
+    def step():
+        factors.append(trainer._lr_factor(trainer.step))  # the factor this step trains at
+        now[0] += 0.1 if trainer.step < 150 else 0.05
+        trainer.step += 1
+        if trainer.step == 150:
+            planned.append(trainer.total_steps)  # as sized at step 120
+
+    def checkpoint():
+        now[0] += 1.0
+        return 1.0
+
+    trainer.clock, trainer.train_step, trainer._checkpoint = (lambda: now[0]), step, checkpoint
+    monkeypatch.setattr(trainer, "_log_train", lambda bar, window: None)
+    monkeypatch.setattr(trainer_mod._Window, "add", lambda self, t: None)
+    assert trainer.run(t_start=1000.0)
+    assert 500 < planned[0] < 600
+    assert trainer.step == trainer.total_steps > planned[0] + 300
+    assert 55.0 < now[0] - 1000.0 <= 60.0  # ends just inside the budget
+    steps = [abs(b - a) for a, b in zip(factors[30:], factors[31:])]
+    assert max(steps) < 0.02  # no jump after the warm-up
+    assert factors[-1] == pytest.approx(0.05, abs=1e-3)
+
+
 def test_resume_from_a_state_without_a_schedule(small_vocab_target, tmp_path):
     """A state file written before re-planning existed (no ``lr_schedule``) resumes on the
     plain cosine of its ``total_steps``; one written now carries its re-planned schedule."""

@@ -30,10 +30,17 @@ from .flops import ce_terms, draft_step_flops, target_capture_flops
 from .forward import make_blocks, sample_anchors, teacher_states
 from .losses import block_metrics, merge_metrics, summarize_metrics, weight_total
 
-# With steps=0: the run is sized to its budget after these many steps, and sized again after the
-# second (on CUDA the first steps include compilation for new batch shapes: an H200 run sized at
-# step 20 alone expected 410 ms/step, ran at ~300, and finished with a third of its budget unused).
+# With steps=0: the run is sized to its budget after these many steps (each with a checkpoint, to
+# time one), and sized again after the second (on CUDA the first steps include compilation for new
+# batch shapes: an H200 run sized at step 20 alone expected 410 ms/step, ran at ~300, and finished
+# with a third of its budget unused).
 CALIBRATION_STEPS = (20, 120)
+# ... and then every RESIZE_EVERY steps from the steps since the last sizing, since the speed can
+# change mid-run (an H200 shared with other processes for the first 4 minutes: 354 ms/step at
+# step 120, ~200-250 later; sized once, the run used 5.3 of its 8 minutes). 100 steps give a
+# median that ignores outliers (logs, checkpoints) and re-plan every 20-40 s at 0.2-0.4 s/step,
+# at the cost of one broadcast.
+RESIZE_EVERY = 100
 # Settings that may change when a run is resumed; all others are taken from the saved run.
 RUNTIME_FIELDS = ("max_minutes", "save_every", "log_every", "ce_chunk", "eval_batches")
 
@@ -264,7 +271,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, desc="fit", unit="step",
                    disable=not self.dist.is_main)
         window = _Window()
-        timed = []
+        timed = []  # step times since the run was last sized
         try:
             while self.step < self.total_steps:
                 # Rank 0 decides, so that every rank stops at the same step.
@@ -283,13 +290,9 @@ class Trainer:
                 dt = self.clock() - t0
                 step_time = 0.9 * step_time + 0.1 * dt if step_time else dt
                 timed.append(dt)
-                done = self.step - first_step
-                if (self.auto_steps and done in CALIBRATION_STEPS
-                        and self.step < self.total_steps):
-                    save_time = self._checkpoint()
-                    self._size_to_budget(timed[done // 4:], save_time, deadline, bar)
-                elif self.step % cfg.save_every == 0 and self.step < self.total_steps:
-                    save_time = self._checkpoint()
+                if self.step < self.total_steps:
+                    save_time = self._between_steps(self.step - first_step, timed, save_time,
+                                                    deadline, bar)
         except KeyboardInterrupt:
             self._say("interrupted: saving a checkpoint")
             for run in self.runs:
@@ -302,6 +305,21 @@ class Trainer:
         if self.step > first_step:
             self._checkpoint()
         return True
+
+    def _between_steps(self, done: int, timed: list[float], save_time: float, deadline: float,
+                       bar) -> float:
+        """After ``done`` steps of this process: a checkpoint every ``save_every`` steps and
+        at the calibration steps (to time one); with steps=0, sizing the run at the sizing
+        steps from ``timed`` (emptied for the next window). Returns the latest checkpoint's
+        seconds."""
+        calibrating = self.auto_steps and done in CALIBRATION_STEPS
+        if calibrating or self.step % self.cfg.save_every == 0:
+            save_time = self._checkpoint()
+        if self.auto_steps and _sizing_step(done):
+            # The window's first quarter is left out: the first steps include compilation.
+            self._size_to_budget(timed[len(timed) // 4:], save_time, deadline, bar)
+            timed.clear()
+        return save_time
 
     def _size_to_budget(self, step_times: list[float], ckpt_time: float, deadline: float,
                         bar) -> None:
@@ -427,6 +445,12 @@ class _Window:
 
     def seconds(self) -> float:
         return max(1e-9, time.monotonic() - self.start)
+
+
+def _sizing_step(done: int) -> bool:
+    """steps=0: whether the run is sized after ``done`` steps of this process."""
+    last = CALIBRATION_STEPS[-1]
+    return done in CALIBRATION_STEPS or done > last and (done - last) % RESIZE_EVERY == 0
 
 
 def _kind(draft: DSpineDraft) -> str:
