@@ -201,8 +201,11 @@ class LRSchedule:
     position: float  # at ``anchor``
 
     @classmethod
-    def start(cls, total: int, warmup: float, floor: float) -> "LRSchedule":
-        warm = warm_steps(warmup, total)
+    def start(cls, total: int, warmup: float, floor: float,
+              warm_basis: int | None = None) -> "LRSchedule":
+        """``warm_basis``: the step count a warm-up fraction is taken of, when ``total`` is
+        only a placeholder (a run sized to its budget later, which re-plans the warm-up)."""
+        warm = warm_steps(warmup, warm_basis or total)
         return cls(total, warm, floor, 0, 1 / warm)
 
     def position_at(self, step: int) -> float:
@@ -221,13 +224,13 @@ class LRSchedule:
 
     def replan(self, step: int, total: int, warmup: float) -> "LRSchedule":
         """The schedule from ``step`` on, ending at ``total`` (at least ``step + 1``): the
-        factor at ``step`` stays; a warm-up under way now ends where the new total's would
-        (at least one step later), a cosine under way spreads its remaining progress over the
-        new remaining steps."""
+        factor at ``step`` stays; a warm-up under way now ends where the new total's would,
+        but never sooner than planned (a shorter one would climb the rest in a step or two);
+        a cosine under way spreads its remaining progress over the new remaining steps."""
         total = max(total, step + 1)
         warm = self.warm
         if step < warm - 1:
-            warm = max(warm_steps(warmup, total), step + 2)
+            warm = min(max(warm_steps(warmup, total), warm), max(total - 1, step + 2))
         return LRSchedule(total, warm, self.floor, step, self.position_at(step))
 
     def state(self) -> dict:

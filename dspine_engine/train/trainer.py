@@ -41,6 +41,9 @@ CALIBRATION_STEPS = (20, 120)
 # median that ignores outliers (logs, checkpoints) and re-plan every 20-40 s at 0.2-0.4 s/step,
 # at the cost of one broadcast.
 RESIZE_EVERY = 100
+# steps=0, before the first sizing: the run length a warm-up fraction is taken of (the H200
+# runs of 5-8 minutes were sized to 1000-2000 steps); the sizing re-plans it from there.
+UNSIZED_RUN_STEPS = 1000
 # Settings that may change when a run is resumed; all others are taken from the saved run.
 RUNTIME_FIELDS = ("max_minutes", "save_every", "log_every", "ce_chunk", "eval_batches")
 
@@ -138,7 +141,11 @@ class Trainer:
         self.auto_steps = cfg.steps == 0
         total = (10**6 if self.auto_steps else cfg.steps) or max(1, math.ceil(
             cfg.epochs * (len(data) // self.global_batch) / cfg.grad_accum))
-        self.schedule = LRSchedule.start(total, cfg.warmup, cfg.min_lr_ratio)
+        # Unsized, a warm-up fraction of the 10**6 placeholder would be 40,000 steps: the first
+        # sizing (step 20) would find the warm-up barely begun and end it within a step or two,
+        # a jump from ~0 to the full rate. Until then it is a fraction of a typical sized run.
+        self.schedule = LRSchedule.start(total, cfg.warmup, cfg.min_lr_ratio,
+                                         UNSIZED_RUN_STEPS if self.auto_steps else None)
         self.clock = time.monotonic  # the budget's time source (a test drives its own)
         self.runs = [DraftRun(_kind(draft), draft, target, cfg, out_dir, self._lr_factor,
                               self.dist)]
