@@ -120,8 +120,7 @@ Projection = Dense | QuantWeight
 class InjectionTables:
     """One layer's injection weights laid out for inference."""
 
-    predictor: Projection  # P_l: norm(h_j) -> f_j
-    gate_h: Projection  # the norm(h_j) half of W_g
+    predictor_gate_h: Projection  # [P_l; the norm(h_j) half of W_g]: one GEMM reads norm(h_j)
     gate_f_inject: Projection  # [the f_{j-1} half of W_g; W_i]: one GEMM for both readers of f_{j-1}
 
 
@@ -278,7 +277,7 @@ class DSpineDraft(nn.Module):
             o=dense(attn.o_proj.weight), gate_up=dense(mlp.gate_proj.weight, mlp.up_proj.weight),
             down=dense(mlp.down_proj.weight),
             injection=None if inj is None else InjectionTables(
-                dense(inj.predictor.weight), dense(inj.gate.weight[:, :h]),
+                dense(inj.predictor.weight, inj.gate.weight[:, :h]),
                 dense(inj.gate.weight[:, h:], inj.inject.weight)))
 
     @property
@@ -361,6 +360,8 @@ class DSpineDraft(nn.Module):
         kv_positions = torch.cat([ctx_positions, meta.positions])
         kv_slots = torch.cat([ctx_slots, meta.slots])
         window = c.sliding_window or 0
+        # The anchors' features (E_out rows) are the same in every injecting layer: one lookup.
+        anchor_f = embedding_rows(bd.lm_head, anchors) if c.injection else None
         for i, (layer, tables) in enumerate(zip(self.layers, bd.layers)):
             x = ops.rms_norm(hidden, layer.input_layernorm.weight, c.rms_norm_eps)
             q = tables.q(x).view(-1, c.num_heads, c.head_dim)
@@ -371,23 +372,28 @@ class DSpineDraft(nn.Module):
             attn = ops.paged_attention(q, k_caches[i], v_caches[i], meta.block_tables,
                                        meta.kv_lens, meta.cu_q, blk, False, window, self.scale,
                                        meta.max_kv_len)
-            hidden = hidden + tables.o(attn.view(bsz * blk, -1))
-            x = ops.rms_norm(hidden, layer.post_attention_layernorm.weight, c.rms_norm_eps)
+            # Residual adds ride on the next norm (add_rms_norm): one kernel instead of two ops.
+            x, hidden = ops.add_rms_norm(tables.o(attn.view(bsz * blk, -1)), hidden,
+                                         layer.post_attention_layernorm.weight, c.rms_norm_eps)
             gu = tables.gate_up(x)
             inter = c.intermediate_size
-            hidden = hidden + tables.down(F.silu(gu[:, :inter]) * gu[:, inter:])
-            if tables.injection is not None:
-                hidden = self._inject(layer.injection, tables.injection, hidden, anchors)
+            mlp = tables.down(F.silu(gu[:, :inter]) * gu[:, inter:])
+            if tables.injection is None:
+                hidden = hidden + mlp
+            else:
+                hidden = self._inject(layer.injection, tables.injection, mlp, hidden, anchor_f)
         return ops.rms_norm(hidden, self.norm.weight, c.rms_norm_eps).view(bsz, blk, h)[:, 1:]
 
-    def _inject(self, inj: Injection, tables: InjectionTables, hidden: torch.Tensor,
-                anchors: torch.Tensor) -> torch.Tensor:
+    def _inject(self, inj: Injection, tables: InjectionTables, mlp: torch.Tensor,
+                hidden: torch.Tensor, anchor_f: torch.Tensor) -> torch.Tensor:
+        """The injection of a layer whose states are ``hidden + mlp`` (its MLP's residual add
+        rides on the injection's norm); ``anchor_f [b, H]`` the anchors' features."""
         c = self.config
-        bsz, h = anchors.shape[0], c.hidden_size
+        bsz, h = anchor_f.shape[0], c.hidden_size
         blk = hidden.shape[0] // bsz  # the block's length (`forward`)
-        hn = ops.rms_norm(hidden, inj.norm.weight, c.rms_norm_eps)
-        f = tables.predictor(hn).view(bsz, blk, h)
-        f[:, 0] = embedding_rows(self.bound.lm_head, anchors)  # the anchor's feature is exact
-        gate_h = tables.gate_h(hn).view(bsz, blk, h)
+        hn, hidden = ops.add_rms_norm(mlp, hidden, inj.norm.weight, c.rms_norm_eps)
+        fg = tables.predictor_gate_h(hn).view(bsz, blk, 2 * h)
+        f = fg[..., :h].contiguous()
+        f[:, 0] = anchor_f  # the anchor's feature is exact
         fproj = tables.gate_f_inject(f)
-        return ops.fused_injection(hidden.view(bsz, blk, h), gate_h, fproj).view(bsz * blk, h)
+        return ops.fused_injection(hidden.view(bsz, blk, h), fg[..., h:], fproj).view(bsz * blk, h)
