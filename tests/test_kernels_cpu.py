@@ -454,13 +454,12 @@ def _draft_layers_case(injection: bool, blocks: int, blk: int, ctx_rows: int, se
             c.view(-1, kv_heads, hd)[s.long()] = torch.randn(len(s), kv_heads, hd, generator=gen)
     cos_sin = ops.rope_cos_sin(hd, 128, 10000.0)
     cu_q = torch.arange(0, blocks * blk + 1, blk, dtype=torch.int32)
-    args = [torch.randn(blocks * blk, h, generator=gen), torch.randn(blocks * ctx_rows, h, generator=gen),
-            torch.randn(blocks, h, generator=gen) if injection else torch.empty(0),
+    hidden, ctx = (torch.randn(rows, h, generator=gen) for rows in (blocks * blk, blocks * ctx_rows))
+    return [hidden, ctx, torch.randn(blocks, h, generator=gen) if injection else torch.empty(0),
             weights, norms, "q4_1", heads, kv_heads, hd, inter, 1e-6, positions.view(-1),
             torch.cat([ctx_pos.view(-1), positions.view(-1)]),
             torch.cat([ctx_slots.view(-1), slots(positions).view(-1)]), cos_sin,
             caches[:layers], caches[layers:], tables, base + blk, cu_q, blk, 0, hd ** -0.5, 0]
-    return args
 
 
 def _with_caches(args):
