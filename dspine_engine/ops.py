@@ -531,16 +531,13 @@ def draft_layers_loop(hidden, ctx, anchor_f, layers: list[DraftLayer], heads: in
     projections runs, with `REFERENCES` (and reference projections) the specification of
     `draft_layers`. Returns the last layer's states ``[b*L, H]`` (before the final norm)."""
     k = kernels
-    kvd = kv_heads * head_dim
     for (proj, norms), k_cache, v_cache in zip(layers, k_caches, v_caches):
         x = k["rms_norm"](hidden, norms[0], eps)
         q = k["rope"](k["rms_norm"](proj[0](x).view(-1, heads, head_dim), norms[1], eps),
                       positions, cos_sin)
-        kvx = proj[1](torch.cat([ctx, x]))
-        n = kvx.shape[0]
-        key = k["rms_norm"](kvx[:, :kvd].view(n, kv_heads, head_dim), norms[2], eps)
-        k["write_kv"](key, kvx[:, kvd:].view(n, kv_heads, head_dim), kv_positions, cos_sin,
-                      k_cache, v_cache, kv_slots)
+        key, value = draft_kv(proj[1](torch.cat([ctx, x])), kv_heads, head_dim, norms[2], eps,
+                              k["rms_norm"])
+        k["write_kv"](key, value, kv_positions, cos_sin, k_cache, v_cache, kv_slots)
         attn = k["paged_attention"](q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
                                     False, window, scale, max_kv_len)
         # Residual adds ride on the next norm (add_rms_norm): one kernel instead of two ops.
@@ -550,6 +547,14 @@ def draft_layers_loop(hidden, ctx, anchor_f, layers: list[DraftLayer], heads: in
         hidden = hidden + mlp if len(proj) == 5 else _inject(proj, norms, mlp, hidden, anchor_f,
                                                              eps, k)
     return hidden
+
+
+def draft_kv(kvx, kv_heads: int, head_dim: int, k_norm, eps: float, norm=rms_norm):
+    """A draft layer's keys (k-normed, before RoPE) and values from its ``[k; v]`` projection
+    ``kvx [n, 2 * kv_heads * head_dim]``: the loop's and the context ingest's (`DSpineDraft`)."""
+    n, kvd = kvx.shape[0], kv_heads * head_dim
+    return (norm(kvx[:, :kvd].view(n, kv_heads, head_dim), k_norm, eps),
+            kvx[:, kvd:].view(n, kv_heads, head_dim))
 
 
 def _inject(proj, norms, mlp, hidden, anchor_f, eps: float, k: dict) -> torch.Tensor:

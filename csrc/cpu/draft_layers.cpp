@@ -1,8 +1,8 @@
 // The draft's layer loop on quantised weights in one op (CPU): the same kernels, in the same
-// order, on the same tensors as the Python loop of DSpineDraft.forward, so the states are bitwise
-// those of that loop. Why one op: a draft layer over a few rows is ~30 small ops, and from Python
-// each costs a dispatch (3-5 us on the 2-core CPU) that together rivalled the layers' GEMMs
-// (docs/DECISIONS.md, "CPU draft forward"). Semantics: dspine_engine/ops.py, draft_layers.
+// order, on the same tensors as the Python loop (dspine_engine/ops.py, draft_layers_loop), so the
+// states are bitwise those of that loop. Why one op: a draft layer over a few rows is ~30 small
+// ops, and from Python each costs a dispatch (3-5 us on the 2-core CPU) that together rivalled
+// the layers' GEMMs (docs/DECISIONS.md, "CPU draft forward"). Semantics: ops.py, draft_layers.
 #include <torch/all.h>
 #include <torch/library.h>
 
@@ -27,7 +27,7 @@ struct LayerArgs {
   double eps;
 };
 
-// One layer's tables, in DraftLayerTables order (dspine_engine/ops.py).
+// One layer's tables, in the order of ops.py's DraftLayer (LayerTables.loop_entry).
 struct Layer {
   const at::Tensor *q, *kv, *o, *gate_up, *down, *pred_gate, *gate_f_inject;
   const at::Tensor *in_norm, *q_norm, *k_norm, *post_norm, *inj_norm;
@@ -53,7 +53,7 @@ at::Tensor attention(const LayerArgs& a, const Layer& l, const at::Tensor& x, co
   return quant_matmul(attn.view({x.size(0), -1}), *l.o, a.format, h);
 }
 
-// The injection of a layer whose states are hidden + mlp (DSpineDraft._inject).
+// The injection of a layer whose states are hidden + mlp (ops.py, _inject).
 at::Tensor inject(const LayerArgs& a, const Layer& l, const at::Tensor& mlp, const at::Tensor& hidden,
                   const at::Tensor& anchor_f) {
   const int64_t bsz = anchor_f.size(0), h = hidden.size(1), blk = hidden.size(0) / bsz;

@@ -78,7 +78,7 @@ class Injection(nn.Module):
         self.inject = _linear(h, h)  # W_i f_{j-1}
 
     def forward(self, hidden: torch.Tensor, anchor_feature: torch.Tensor):
-        """Training path over blocks ``hidden [b, n, B, H]`` (inference: `DSpineDraft._inject`,
+        """Training path over blocks ``hidden [b, n, B, H]`` (inference: `ops._inject`,
         one `ops.fused_injection`). Returns the updated states and the predicted features
         ``f = P(norm(h))`` of every position; f_0 is replaced by ``anchor_feature`` (E_out of
         the anchor) only as the input of position 1."""
@@ -164,6 +164,9 @@ class BoundTables:
     mask_row: torch.Tensor  # the block's MASK input row
     layers: list[LayerTables]
     transition: TransitionTables | None  # None: a DFlash drafter
+    # The layers as `ops.draft_layers_loop` takes them (`LayerTables.loop_entry`), laid out once
+    # here rather than every forward.
+    loop: list | None = None
     # `ops.draft_layers`' weight and norm lists when the projections are quantised (the layer
     # loop is then one op); None: the loop runs op by op (`ops.draft_layers_loop`).
     layer_lists: tuple[list, list] | None = None
@@ -280,9 +283,9 @@ class DSpineDraft(nn.Module):
                 fc=dense(self.fc.weight), mask_row=mask_row,
                 layers=[self._layer_tables(layer, dense) for layer in self.layers],
                 transition=transition)
+            self._bound.loop = [t.loop_entry() for t in self._bound.layers]
             if weight_format is not None:
-                self._bound.layer_lists = ops.draft_layer_lists(
-                    [t.loop_entry() for t in self._bound.layers])
+                self._bound.layer_lists = ops.draft_layer_lists(self._bound.loop)
 
     def _layer_tables(self, layer: DraftLayer, dense) -> LayerTables:
         attn, mlp, inj, h = layer.self_attn, layer.mlp, layer.injection, self.config.hidden_size
@@ -311,13 +314,9 @@ class DSpineDraft(nn.Module):
                             self.config.rms_norm_eps)
 
     def _kv(self, i: int, x: torch.Tensor):
-        c, layer = self.config, self.layers[i]
-        n, kv = x.shape[0], c.num_kv_heads * c.head_dim
-        kvx = self.bound.layers[i].kv(x)
-        k = ops.rms_norm(kvx[:, :kv].view(n, c.num_kv_heads, c.head_dim),
-                         layer.self_attn.k_norm.weight, c.rms_norm_eps)
-        v = kvx[:, kv:].view(n, c.num_kv_heads, c.head_dim)
-        return k, v
+        c = self.config
+        return ops.draft_kv(self.bound.layers[i].kv(x), c.num_kv_heads, c.head_dim,
+                            self.layers[i].self_attn.k_norm.weight, c.rms_norm_eps)
 
     @torch.inference_mode()
     def ingest_context(self, taps, positions, slots, k_caches, v_caches) -> None:
@@ -388,6 +387,5 @@ class DSpineDraft(nn.Module):
             fmt = bd.fc.format
             hidden = ops.draft_layers(hidden, ctx, anchor_f, weights, norms, fmt, *args)
         else:
-            hidden = ops.draft_layers_loop(hidden, ctx, anchor_f,
-                                           [t.loop_entry() for t in bd.layers], *args)
+            hidden = ops.draft_layers_loop(hidden, ctx, anchor_f, bd.loop, *args)
         return ops.rms_norm(hidden, self.norm.weight, c.rms_norm_eps).view(bsz, blk, h)[:, 1:]
