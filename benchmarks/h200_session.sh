@@ -58,6 +58,10 @@ MODE=${1:-}
 W=/root/work S=/root/stage R=/root/stage/results
 export PYTHONPATH=$W:/root/site PYTHONUNBUFFERED=1 DSPINE_CACHE=/root/cache
 export DSPINE_SMOLLM2_GGUF=$S/smollm2.gguf
+# CUTLASS/CuTe headers of the nvidia-cutlass wheel (.whl, installed into /root/site by stage 1, as
+# gguf is): every build here (this script's, h200_branches.sh's) compiles the sm90 attention
+# kernel with them; setup.py warns and builds without that path when they are missing.
+export DSPINE_CUTLASS_INCLUDE=/root/site/cutlass_library/source/include
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
 DATA_MIN=${DATA_MIN:-5.5} DATA_PROCS=${DATA_PROCS:-4} FIT_MIN=${FIT_MIN:-6.5}  # per GPU: procs
 BATCH=${BATCH:-$(( 64 / GPUS > 16 ? 64 / GPUS : 16 ))} LR=${LR:-6e-4}  # per-rank batch
@@ -99,6 +103,7 @@ if [ "$MODE" = stage ]; then
     cp .stage_1/payload.sha256 .stage_1/commit $S/
     tar --exclude='./.stage_*' --exclude=./.whl --exclude=./.git -cf - . | (cd $W && tar xf -)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
+    [ -f $DSPINE_CUTLASS_INCLUDE/cute/tensor.hpp ] || echo "no CUTLASS headers: the build skips the sm90 attention path"
     [ -d .whl/serve ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --target /root/serve-site .whl/serve/*.whl  # apart: only the serve benchmark puts it on the path
     cp .whl/datasets/*.whl $DSPINE_CACHE/datasets/
