@@ -59,8 +59,8 @@ W=/root/work S=/root/stage R=/root/stage/results
 export PYTHONPATH=$W:/root/site PYTHONUNBUFFERED=1 DSPINE_CACHE=/root/cache
 export DSPINE_SMOLLM2_GGUF=$S/smollm2.gguf
 # CUTLASS/CuTe headers of the nvidia-cutlass wheel (.whl, installed into /root/site by stage 1, as
-# gguf is): every build here (this script's, h200_branches.sh's) compiles the sm90 attention
-# kernel with them; setup.py warns and builds without that path when they are missing.
+# gguf is): a build that has the sm90 attention kernel (the `cute` branch) compiles it with
+# them; its setup.py warns and builds without that path when they are missing.
 export DSPINE_CUTLASS_INCLUDE=/root/site/cutlass_library/source/include
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$GPUS" -ge 1 ] || GPUS=1
 DATA_MIN=${DATA_MIN:-5.5} DATA_PROCS=${DATA_PROCS:-4} FIT_MIN=${FIT_MIN:-6.5}  # per GPU: procs
@@ -103,7 +103,7 @@ if [ "$MODE" = stage ]; then
     cp .stage_1/payload.sha256 .stage_1/commit $S/
     tar --exclude='./.stage_*' --exclude=./.whl --exclude=./.git -cf - . | (cd $W && tar xf -)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
-    [ -f $DSPINE_CUTLASS_INCLUDE/cute/tensor.hpp ] || echo "no CUTLASS headers: the build skips the sm90 attention path"
+    [ -f $DSPINE_CUTLASS_INCLUDE/cute/tensor.hpp ] || echo "no CUTLASS headers: a build with the sm90 attention kernel skips it"
     [ -d .whl/serve ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
       --target /root/serve-site .whl/serve/*.whl  # apart: only the serve benchmark puts it on the path
     cp .whl/datasets/*.whl $DSPINE_CACHE/datasets/
@@ -173,16 +173,24 @@ data_stats() {  # once the generators have ended: what they wrote, into data_sta
   while pgrep -f "cli.train data" >/dev/null; do sleep 2; done
   for f in $R/logs/data.log $R/logs/heldout.log; do echo "$f: $(tail -c 2000 $f | tr '\r' '\n' | grep -E 'tokens/s|records' | tr '\n' ' ')"; done > $S/data_stats.txt
   say "data: $(head -1 $S/data_stats.txt)"
+  stop_mps
 }
 
 start_mps() {  # CUDA MPS for the generators (the default pipe directory: every later process uses it)
   nvidia-cuda-mps-control -d > $R/logs/mps.log 2>&1 &&
     timeout 60 python3 -c "import torch; print(torch.ones(8, device='cuda').sum().item())" >> $R/logs/mps.log 2>&1
   local rc=$?
-  if [ $rc = 0 ]; then say "MPS on"; else
+  if [ $rc = 0 ]; then touch $S/mps.on; say "MPS on"; else
     echo quit | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
     say "MPS unavailable (rc $rc), generators time-slice: $(tail -2 $R/logs/mps.log | tr '\n' ' ')"
   fi
+}
+
+stop_mps() {  # once the generators are done: the fit and measure calls run as on a plain GPU
+  # (run 12's e2e ran under the still-running daemon, 2026-12-03: not comparable with run 11's)
+  [ -f $S/mps.on ] || return 0
+  echo quit | timeout 30 nvidia-cuda-mps-control >/dev/null 2>&1
+  rm -f $S/mps.on; say "MPS off"
 }
 
 wait_build() {

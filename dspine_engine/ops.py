@@ -19,6 +19,7 @@ Conventions shared by all ops
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -496,6 +497,108 @@ def quant_embedding_ref(ids, weight, format, num_rows):
 
 
 # --------------------------------------------------------------------------------------------
+# The draft's layer loop (DSpine / DFlash drafters; dspine_engine/models/dspine.py)
+# --------------------------------------------------------------------------------------------
+#
+# One layer over ``hidden [b*L, H]`` (b blocks of L = max_q_len rows) beside the context rows
+# ``ctx [R, H]``, with projections q, kv = [k; v], o, gate_up = [gate; up], down and, in an
+# injecting layer, pred_gate = [P; W_g's norm(h) half] and gate_f_inject = [W_g's f half; W_i],
+# norms in, q, k, post (and inj):
+#     x = rms_norm(h, in);  q = rope(rms_norm(q(x), q_norm), positions)  (per head)
+#     kv = kv(cat[ctx; x]);  write rope(rms_norm(k, k_norm)), v at kv_slots (kv_positions)
+#     x, h = add_rms_norm(o(attention(q, bidirectional)), h, post)
+#     mlp = down(silu(gate) * up)  (gate_up(x) = [gate, up])
+#     DFlash layer: h = h + mlp
+#     injecting layer: hn, h = add_rms_norm(mlp, h, inj);  [f, g] = pred_gate(hn);
+#         f[:, 0] = anchor_f;  h = fused_injection(h, g, gate_f_inject(f))
+
+DraftLayer = tuple  # (projections (q, kv, o, gate_up, down[, pred_gate, gate_f_inject]) as
+#                      callables x -> x @ W^T, norm weights (in, q, k, post[, inj]))
+KERNELS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope": rope,
+           "write_kv": write_kv, "paged_attention": paged_attention,
+           "fused_injection": fused_injection}
+REFERENCES = {"rms_norm": rms_norm_ref, "add_rms_norm": add_rms_norm_ref, "rope": rope_ref,
+              "write_kv": write_kv_ref, "paged_attention": paged_attention_ref,
+              "fused_injection": fused_injection_ref}
+
+
+def draft_layers_loop(hidden, ctx, anchor_f, layers: list[DraftLayer], heads: int,
+                      kv_heads: int, head_dim: int, inter: int, eps: float, positions,
+                      kv_positions, kv_slots, cos_sin, k_caches, v_caches, block_tables, kv_lens,
+                      cu_q, max_q_len: int, window: int, scale: float, max_kv_len: int,
+                      kernels: dict = KERNELS) -> torch.Tensor:
+    """The layer loop above in PyTorch, one op a step: with `KERNELS` what a draft with fp32
+    projections runs, with `REFERENCES` (and reference projections) the specification of
+    `draft_layers`. Returns the last layer's states ``[b*L, H]`` (before the final norm)."""
+    k = kernels
+    kvd = kv_heads * head_dim
+    for (proj, norms), k_cache, v_cache in zip(layers, k_caches, v_caches):
+        x = k["rms_norm"](hidden, norms[0], eps)
+        q = k["rope"](k["rms_norm"](proj[0](x).view(-1, heads, head_dim), norms[1], eps),
+                      positions, cos_sin)
+        kvx = proj[1](torch.cat([ctx, x]))
+        n = kvx.shape[0]
+        key = k["rms_norm"](kvx[:, :kvd].view(n, kv_heads, head_dim), norms[2], eps)
+        k["write_kv"](key, kvx[:, kvd:].view(n, kv_heads, head_dim), kv_positions, cos_sin,
+                      k_cache, v_cache, kv_slots)
+        attn = k["paged_attention"](q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
+                                    False, window, scale, max_kv_len)
+        # Residual adds ride on the next norm (add_rms_norm): one kernel instead of two ops.
+        x, hidden = k["add_rms_norm"](proj[2](attn.view(x.shape[0], -1)), hidden, norms[3], eps)
+        gu = proj[3](x)
+        mlp = proj[4](torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
+        hidden = hidden + mlp if len(proj) == 5 else _inject(proj, norms, mlp, hidden, anchor_f,
+                                                             eps, k)
+    return hidden
+
+
+def _inject(proj, norms, mlp, hidden, anchor_f, eps: float, k: dict) -> torch.Tensor:
+    """The injection of a layer whose states are ``hidden + mlp`` (its MLP's residual add rides
+    on the injection's norm); ``anchor_f [b, H]`` the anchors' exact features (E_out rows)."""
+    bsz, h = anchor_f.shape
+    blk = hidden.shape[0] // bsz
+    hn, hidden = k["add_rms_norm"](mlp, hidden, norms[4], eps)
+    fg = proj[5](hn).view(bsz, blk, 2 * h)
+    f = fg[..., :h].contiguous()
+    f[:, 0] = anchor_f
+    fproj = proj[6](f)
+    return k["fused_injection"](hidden.view(bsz, blk, h), fg[..., h:], fproj).view(bsz * blk, h)
+
+
+def draft_layers(hidden, ctx, anchor_f, weights: list, norms: list, format: str, heads: int,
+                 kv_heads: int, head_dim: int, inter: int, eps: float, positions, kv_positions,
+                 kv_slots, cos_sin, k_caches, v_caches, block_tables, kv_lens, cu_q,
+                 max_q_len: int, window: int, scale: float, max_kv_len: int) -> torch.Tensor:
+    """`draft_layers_loop` with `KERNELS` on quantised projections, in one op (CPU only):
+    ``weights`` the packed tables (`quant_matmul`) of every layer in a row, 7 a layer (5 in a
+    DFlash drafter), ``norms`` their norm weights, 5 a layer (4). ``anchor_f`` an empty tensor
+    for a DFlash drafter. Bitwise the loop's result: the same kernels, in the same order."""
+    return _ops.draft_layers(hidden, ctx, anchor_f, weights, norms, format, heads, kv_heads,
+                             head_dim, inter, eps, positions, kv_positions, kv_slots, cos_sin,
+                             k_caches, v_caches, block_tables, kv_lens, cu_q, max_q_len, window,
+                             scale, max_kv_len)
+
+
+def draft_layer_lists(layers: list[DraftLayer]) -> tuple[list, list]:
+    """The flat ``weights`` and ``norms`` lists `draft_layers` reads, from layers whose
+    projections are quantised tables (their ``.data``)."""
+    return ([p.data for proj, _ in layers for p in proj],
+            [w for _, norms in layers for w in norms])
+
+
+def draft_layers_ref(hidden, ctx, anchor_f, weights, norms, format, heads, kv_heads, head_dim,
+                     inter, eps, *rest):
+    h = hidden.shape[1]
+    outs = [heads * head_dim, 2 * kv_heads * head_dim, h, 2 * inter, h, 2 * h, 2 * h]
+    nw, nn = (7, 5) if anchor_f.numel() else (5, 4)  # tables and norms a layer
+    layers = [(tuple(partial(quant_matmul_ref, weight=w, format=format, out_features=o)
+                     for w, o in zip(weights[i * nw:(i + 1) * nw], outs)),
+               norms[i * nn:(i + 1) * nn]) for i in range(len(weights) // nw)]
+    return draft_layers_loop(hidden, ctx, anchor_f, layers, heads, kv_heads, head_dim, inter,
+                             eps, *rest, kernels=REFERENCES)
+
+
+# --------------------------------------------------------------------------------------------
 # Gated DeltaNet (hybrid targets): causal conv1d and the gated delta rule
 # --------------------------------------------------------------------------------------------
 #
@@ -752,6 +855,10 @@ def _register_fakes() -> None:
     @reg(lib + "quant_embedding")
     def _(ids, weight, format, num_rows):
         return ids.new_empty(*ids.shape, weight.shape[1] * QUANT_BLOCK, dtype=torch.float32)
+
+    @reg(lib + "draft_layers")
+    def _(hidden, ctx, anchor_f, *rest):
+        return torch.empty_like(hidden)
 
 
     @reg(lib + "causal_conv1d")

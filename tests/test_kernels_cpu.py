@@ -419,3 +419,84 @@ def test_transition_changes_the_walk():
     strong = (logits * 0.01, g * 10, pred, succ) + args[4:]
     tokens = ops.transition_walk(*strong)[0]
     assert not torch.equal(tokens[0], strong[0][0].argmax(-1))
+
+
+def _draft_layers_case(injection: bool, blocks: int, blk: int, ctx_rows: int, seed: int):
+    """Random inputs of `ops.draft_layers` (2 layers of odd small sizes, Q4_1 tables) on a paged
+    cache whose older keys hold random K/V and whose unused slots hold NaN."""
+    from dspine_engine.models.quant_dense import quantize_weight
+
+    gen = torch.Generator().manual_seed(seed)
+    h, heads, kv_heads, hd, inter, page, layers = 96, 3, 1, 32, 160, 16, 2
+    outs = [(heads * hd, h), (2 * kv_heads * hd, h), (h, heads * hd), (2 * inter, h), (h, inter),
+            (2 * h, h), (2 * h, h)][:7 if injection else 5]
+    weights = [quantize_weight(torch.randn(o, i, generator=gen) * 0.1, "q4_1").data
+               for _ in range(layers) for o, i in outs]
+    norms = [torch.rand(d, generator=gen) + 0.5 for _ in range(layers)
+             for d in [h, hd, hd, h] + [h] * injection]
+    base = torch.randint(ctx_rows, 40, (blocks,), generator=gen, dtype=torch.int32)
+    pages = 8 * blocks
+    tables = torch.randperm(pages, generator=gen).view(blocks, 8).to(torch.int32)
+
+    def slots(pos):  # [blocks, n] positions -> slots
+        return (tables.gather(1, (pos // page).long()) * page + pos % page).to(torch.int32)
+
+    offs = torch.arange(blk, dtype=torch.int32)
+    positions = base[:, None] + offs
+    ctx_pos = base[:, None] - ctx_rows + torch.arange(ctx_rows, dtype=torch.int32)
+    ctx_slots = slots(ctx_pos)
+    ctx_slots[0, 0] = -1  # a padding row: written nowhere (the cache keeps its random K/V)
+    caches = [torch.full((pages, page, kv_heads, hd), float("nan")) for _ in range(2 * layers)]
+    old = torch.arange(int(base.max()), dtype=torch.int32)
+    for b in range(blocks):  # keys before the context rows, and the padding row's
+        s = slots(old[None].expand(blocks, -1))[b, :int(base[b]) - ctx_rows + 1]
+        for c in caches:
+            c.view(-1, kv_heads, hd)[s.long()] = torch.randn(len(s), kv_heads, hd, generator=gen)
+    cos_sin = ops.rope_cos_sin(hd, 128, 10000.0)
+    cu_q = torch.arange(0, blocks * blk + 1, blk, dtype=torch.int32)
+    hidden, ctx = (torch.randn(rows, h, generator=gen) for rows in (blocks * blk, blocks * ctx_rows))
+    return [hidden, ctx, torch.randn(blocks, h, generator=gen) if injection else torch.empty(0),
+            weights, norms, "q4_1", heads, kv_heads, hd, inter, 1e-6, positions.view(-1),
+            torch.cat([ctx_pos.view(-1), positions.view(-1)]),
+            torch.cat([ctx_slots.view(-1), slots(positions).view(-1)]), cos_sin,
+            caches[:layers], caches[layers:], tables, base + blk, cu_q, blk, 0, hd ** -0.5, 0]
+
+
+def _with_caches(args):
+    """``args`` with copies of its caches (each call writes its own)."""
+    out = list(args)
+    out[15], out[16] = [c.clone() for c in args[15]], [c.clone() for c in args[16]]
+    return out
+
+
+def _layers_of(args):
+    """`draft_layers_loop`'s arguments from `draft_layers`' (the same Q4_1 tables as kernels)."""
+    from functools import partial
+
+    (hidden, ctx, anchor_f, weights, norms, fmt, heads, kv_heads, hd, inter, *rest) = args
+    h = hidden.shape[1]
+    outs = [heads * hd, 2 * kv_heads * hd, h, 2 * inter, h, 2 * h, 2 * h]
+    nw, nn = (7, 5) if anchor_f.numel() else (5, 4)  # tables and norms a layer
+    layers = [(tuple(partial(ops.quant_matmul, weight=w, format=fmt, out_features=o)
+                     for w, o in zip(weights[i * nw:(i + 1) * nw], outs)),
+               norms[i * nn:(i + 1) * nn]) for i in range(len(weights) // nw)]
+    return [hidden, ctx, anchor_f, layers, heads, kv_heads, hd, inter, *rest]
+
+
+@pytest.mark.parametrize("injection", [True, False])
+@pytest.mark.parametrize("blocks,blk,ctx_rows", [(1, 4, 4), (2, 3, 5), (3, 7, 1)])
+def test_draft_layers(injection, blocks, blk, ctx_rows):
+    """One op for the draft's layer loop: bitwise the loop of kernels (states and caches), close
+    to the references' loop, and a NaN in a key every query sees reaches every output."""
+    args = _draft_layers_case(injection, blocks, blk, ctx_rows, seed=blocks * 10 + blk)
+    fused, loop, ref = _with_caches(args), _layers_of(_with_caches(args)), _with_caches(args)
+    got = ops.draft_layers(*fused)
+    assert torch.equal(got, ops.draft_layers_loop(*loop))
+    for a, b in zip(fused[15] + fused[16], loop[13] + loop[14]):  # (the loop has no lists)
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), "caches differ from the loop's"
+    assert rel_err(got, ops.draft_layers_ref(*ref)) < 2e-2
+    poisoned = _with_caches(args)
+    poisoned[1] = poisoned[1].clone()
+    poisoned[1][-1, 0] = float("nan")  # the last context row: a key of the last block
+    out = ops.draft_layers(*poisoned).view(blocks, blk, -1)
+    assert torch.isnan(out[-1]).all() and torch.isfinite(out[:-1]).all()

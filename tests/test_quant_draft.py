@@ -16,7 +16,7 @@ def _projections(bound):
     for layer in bound.layers:
         tables += [layer.q, layer.kv, layer.o, layer.gate_up, layer.down]
         inj = layer.injection
-        tables += [inj.predictor, inj.gate_h, inj.gate_f_inject]
+        tables += [inj.predictor_gate_h, inj.gate_f_inject]
     return tables
 
 

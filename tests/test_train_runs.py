@@ -4,6 +4,7 @@ choice and best-checkpoint keeping, the narrower-MLP init, and the FLOP count.""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -183,6 +184,113 @@ def test_run_sized_to_its_budget(small_vocab_target, tmp_path):
     # 30 s * 0.97 - 1 s for the last checkpoint, at 0.1 s/step + 1 s per 10 steps: ~143 more.
     assert 20 + 135 <= trainer.total_steps <= 20 + 145
     assert bar.total == trainer.total_steps
+
+
+def _plain_cosine(step, total, warm, floor):
+    """The schedule as trainers before re-planning computed it (their state files resume on it)."""
+    if step < warm:
+        return (step + 1) / warm
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@pytest.mark.parametrize("warmup", [0.04, 30])
+def test_lr_stays_continuous_when_the_run_is_resized(warmup):
+    from dspine_engine.train.draft_run import LRSchedule
+
+    plain = LRSchedule.start(1000, warmup, 0.05)
+    assert [plain.factor(s) for s in range(0, 1001, 7)] == pytest.approx(
+        [_plain_cosine(s, 1000, plain.warm, 0.05) for s in range(0, 1001, 7)], abs=1e-12)
+    # Re-sized during the warm-up (at 20: 40 -> 600 steps), then up and down in the cosine.
+    sched, factors = plain, []
+    for step, total in ((20, 600), (300, 1500), (900, 1000)):
+        curve = [sched.factor(s) for s in range(step - 3, step + 1)]
+        sched = sched.replan(step, total, warmup)
+        curve += [sched.factor(s) for s in range(step, step + 4)]
+        factors.append(curve)
+        # The factor at the re-plan step is the one the scheduler already set for it ...
+        assert curve[3] == curve[4]
+        # ... and the change from step to step across the re-plan stays within what the curve
+        # does just before or after it (a raised total used to push the factor back up).
+        jumps = [abs(b - a) for a, b in zip(curve[4:], curve[5:])]
+        before = [abs(b - a) for a, b in zip(curve[:4], curve[1:4])]
+        assert max(jumps) <= 1.5 * max(before + jumps[1:]) + 1e-12
+        if step >= sched.warm:  # in the cosine: still going down
+            assert curve[4:] == sorted(curve[4:], reverse=True)
+    assert sched.factor(1000) == pytest.approx(0.05) and sched.factor(999) > 0.05
+    assert sched.factor(1200) == pytest.approx(0.05)
+    # The old way: the plain cosine for the new total, which jumps at the re-plan.
+    assert _plain_cosine(300, 1500, 60, 0.05) - _plain_cosine(300, 600, 24, 0.05) > 0.2
+
+
+def test_a_run_that_gets_faster_is_resized_to_fill_its_budget(small_vocab_target, tmp_path,
+                                                              monkeypatch):
+    """Steps that take 0.1 s until step 150 and 0.05 s after it (the GPU shared at first): the
+    run grows to fill its 60 s instead of stopping at the ~560 steps planned at step 120 (at
+    ~37 s), with a continuous learning rate. A fake clock and step: no real timing."""
+    from dspine_engine.train import trainer as trainer_mod
+
+    data = SequenceData(_records(), 256)
+    trainer = Trainer(small_vocab_target, _draft(small_vocab_target), data, None,
+                      _config(steps=0, max_minutes=1.0, log_every=10**6, warmup=0.04), tmp_path)
+    now, factors, planned = [1000.0], [], []
+
+    def step():
+        factors.append(trainer._lr_factor(trainer.step))  # the factor this step trains at
+        now[0] += 0.1 if trainer.step < 150 else 0.05
+        trainer.step += 1
+        if trainer.step == 150:
+            planned.append(trainer.total_steps)  # as sized at step 120
+
+    def checkpoint():
+        now[0] += 1.0
+        return 1.0
+
+    trainer.clock, trainer.train_step, trainer._checkpoint = (lambda: now[0]), step, checkpoint
+    monkeypatch.setattr(trainer, "_log_train", lambda bar, window: None)
+    monkeypatch.setattr(trainer_mod._Window, "add", lambda self, t: None)
+    assert trainer.run(t_start=1000.0)
+    assert 500 < planned[0] < 600
+    assert trainer.step == trainer.total_steps > planned[0] + 300
+    assert 55.0 < now[0] - 1000.0 <= 60.0  # ends just inside the budget
+    # The warm-up climbs step by step from the first step (unsized, it is a fraction of
+    # UNSIZED_RUN_STEPS, not of the 10**6 placeholder), and nothing jumps after it.
+    assert factors[0] < 0.05 and factors[10] < 0.5
+    assert max(factors[:60]) == pytest.approx(1.0, abs=0.01)  # ... and ends at the full rate
+    steps = [abs(b - a) for a, b in zip(factors, factors[1:])]
+    assert max(steps) < 0.05
+    assert factors[-1] == pytest.approx(0.05, abs=1e-3)
+
+
+def test_resume_from_a_state_without_a_schedule(small_vocab_target, tmp_path):
+    """A state file written before re-planning existed (no ``lr_schedule``) resumes on the
+    plain cosine of its ``total_steps``; one written now carries its re-planned schedule."""
+    from dspine_engine.train.draft_run import find_state
+
+    data = SequenceData(_records(), 256)
+    cfg = _config(steps=40, warmup=0.1)
+    first = Trainer(small_vocab_target, _draft(small_vocab_target), data, None, cfg, tmp_path)
+    for _ in range(2):
+        first.train_step()
+    first.schedule = first.schedule.replan(first.step, 60, cfg.warmup)
+    first.save()
+    state_dir = find_state(tmp_path)
+    state = json.loads((state_dir / "state.json").read_text())
+    assert state["total_steps"] == 60 and state["lr_schedule"]["anchor"] == 2
+
+    again = Trainer(small_vocab_target, _draft(small_vocab_target), data, None, cfg, tmp_path)
+    again.load_state([state_dir], [state])
+    assert again.schedule == first.schedule
+    del state["lr_schedule"]
+    (state_dir / "state.json").write_text(json.dumps(state))
+    old = Trainer(small_vocab_target, _draft(small_vocab_target), data, None, cfg, tmp_path)
+    old.load_state([state_dir], [json.loads((state_dir / "state.json").read_text())])
+    assert (old.step, old.total_steps, old.schedule.anchor) == (2, 60, 0)
+    assert [old._lr_factor(s) for s in range(2, 61)] == pytest.approx(
+        [_plain_cosine(s, 60, 6, cfg.min_lr_ratio) for s in range(2, 61)], abs=1e-12)
+    old.train_step()
+    old.save()
+    assert json.loads((state_dir / "state.json").read_text())["step"] == 3
 
 
 def test_walk_score_is_the_argmax_chain_without_pair_scores(small_vocab_target):

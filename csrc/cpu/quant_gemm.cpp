@@ -90,7 +90,33 @@ void quantize_block(const float* x, int8_t* q, float* d, float* s) {
   *s = dx * static_cast<float>(sum);
 }
 
+#define DSPINE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// quantize_block with AVX-512, bitwise the same: the max of magnitudes and the integer sum are
+// exact in any order, the scale and its inverse are the same scalar operations, and the
+// conversion rounds to nearest even as nearbyint does (the default rounding mode). A block
+// holding a non-finite value takes the scalar path. Why: the scalar loop cost ~33 ns a block,
+// ~0.1 ms of a CPU draft forward and ~0.5 ms of a 4-row verify of the default model.
+DSPINE_AVX512 void quantize_block_avx512(const float* x, int8_t* q, float* d, float* s) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const __m512i exp = _mm512_set1_epi32(0x7f800000);
+  const __mmask16 bad =
+      _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(a), exp), exp) |
+      _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(b), exp), exp);
+  if (bad) return quantize_block(x, q, d, s);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float dx = amax / 127.0f;
+  const __m512 id = _mm512_set1_ps(dx != 0.f ? 1.0f / dx : 0.f);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id));
+  const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
+  *d = dx;
+  *s = dx * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
+}
+
 QuantActs quantize_acts(const float* x, int64_t m, int64_t k) {
+  const auto quantize = active_isa() == Isa::kAvx512Vnni ? &quantize_block_avx512 : &quantize_block;
   QuantActs a;
   a.nb = k / kBlock;
   a.q.resize(static_cast<size_t>(m * k));
@@ -103,7 +129,7 @@ QuantActs quantize_acts(const float* x, int64_t m, int64_t k) {
   constexpr int64_t kActChunk = 1024;
   parallel_for((blocks + kActChunk - 1) / kActChunk, kActChunk * kBlock, [&](int64_t c) {
     for (int64_t i = c * kActChunk; i < std::min(blocks, (c + 1) * kActChunk); ++i)
-      quantize_block(x + i * kBlock, a.q.data() + i * kBlock, a.d.data() + i, a.s.data() + i);
+      quantize(x + i * kBlock, a.q.data() + i * kBlock, a.d.data() + i, a.s.data() + i);
   });
   return a;
 }
@@ -242,8 +268,8 @@ DSPINE_AVX2 void q8_0_avx2(const TileArgs& a) {
 
 // ---------------------------------------------------------------------------- AVX-512 VNNI
 // One zmm holds the 16 outputs of a tile; vpdpbusd does u8 x s8 4-way dot products into s32.
+// (DSPINE_AVX512 is defined above, with the activations' quantiser.)
 
-#define DSPINE_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 template <int R>
 DSPINE_AVX512 void q4_1_avx512(const TileArgs& a) {

@@ -26,6 +26,37 @@ from .round_inputs import RoundInputs
 from .sequence import Sequence
 
 
+class RoundIndex:
+    """The index math of a round's metadata (positions, slots, lengths: `ModelRunner._block_meta`)
+    on one array library: torch on CUDA (graphs capture it), numpy on the CPU. There the staged
+    inputs and the block tables are host memory and a few rows of arithmetic are far cheaper
+    than a torch op's dispatch (2-5 us each, ~25 of them a forward; docs/DECISIONS.md, "CPU
+    draft forward"). The same expressions run on either: only the calls below differ."""
+
+    def __init__(self, inputs: RoundInputs):
+        self.cpu = inputs.device.type == "cpu"
+        self.round = inputs.host if self.cpu else inputs.dev  # seats, base, pending, ...
+        self.offsets = self.array(inputs.offsets)
+
+    def array(self, t: torch.Tensor):
+        return t.numpy() if self.cpu else t
+
+    def tensor(self, a) -> torch.Tensor:
+        return torch.from_numpy(a) if self.cpu else a
+
+    def rows(self, table, seats):  # table[seats]
+        return table[seats] if self.cpu else table.index_select(0, seats)
+
+    def take(self, table, cols):  # table[i, cols[i, j]]
+        return np.take_along_axis(table, cols, 1) if self.cpu else table.gather(1, cols.long())
+
+    def where(self, cond, a, b):
+        return (np if self.cpu else torch).where(cond, a, b)
+
+    def int32(self, a):
+        return a.astype(np.int32, copy=False) if self.cpu else a.to(torch.int32)
+
+
 class ModelRunner:
     def __init__(self, target: TargetModel, draft: DSpineDraft | None, cache: CacheManager,
                  max_batch: int, threads: CpuThreads | None = None,
@@ -51,6 +82,7 @@ class ModelRunner:
         self._taps = (torch.zeros(seats, self.block, self.tap_dim, dtype=target.dtype,
                                   device=self.device) if draft is not None else None)
         self.graphs = None  # a GraphSet once capture_graphs ran
+        self._ix = RoundIndex(self.inputs)
         # Query offsets per verify width (a round may verify fewer than B tokens: spec_policy).
         self._cu_q = {w: torch.arange(0, max_batch * w + 1, w, dtype=torch.int32,
                                       device=self.device) for w in range(1, self.block + 1)}
@@ -257,24 +289,23 @@ class ModelRunner:
 
     def _block_meta(self, cache: PagedCache, n: int, width: int, causal: bool,
                     tokens: int | None = None):
-        d, blk = self.inputs.dev, tokens or self.block
-        seats, base = d["seats"][:n], d["base"][:n]
+        ix, blk = self._ix, tokens or self.block
+        seats, base = ix.round["seats"][:n], ix.round["base"][:n]
         live = (base >= 0)[:, None]
-        p = base.clamp(min=0)
-        positions = p[:, None] + self.inputs.offsets[:blk]  # [n, blk]
-        tables = self._tables(cache, seats, width)
+        p = base.clip(min=0)
+        positions = p[:, None] + ix.offsets[:blk]  # [n, blk]
+        tables = ix.rows(ix.array(cache.tables)[:, :width], seats)
         slots = self._slots(cache, tables, positions, live)
-        kv_lens = (p + blk).to(torch.int32)
-        meta = AttnMeta(positions.reshape(-1), slots.view(-1), tables, kv_lens,
-                        self._cu_q[blk][:n + 1], blk, causal=causal)
+        kv_lens = ix.int32(p + blk)
+        meta = AttnMeta(ix.tensor(positions.reshape(-1)), ix.tensor(slots.reshape(-1)),
+                        ix.tensor(tables), ix.tensor(kv_lens), self._cu_q[blk][:n + 1], blk,
+                        causal=causal)
         return meta, tables, p, live
 
-    @staticmethod
-    def _slots(cache: PagedCache, tables, positions, valid) -> torch.Tensor:
-        ps = cache.page_size
-        page = tables.gather(1, (positions // ps).long())
-        slots = page * ps + positions % ps
-        return torch.where(valid & (page >= 0), slots, -1).to(torch.int32)
+    def _slots(self, cache: PagedCache, tables, positions, valid):
+        ix, ps = self._ix, cache.page_size
+        page = ix.take(tables, positions // ps)
+        return ix.int32(ix.where(valid & (page >= 0), page * ps + positions % ps, -1))
 
     def _verify_body(self, n: int, width: int, blk: int | None = None) -> torch.Tensor:
         d, blk = self.inputs.dev, blk or self.block
@@ -319,25 +350,27 @@ class ModelRunner:
         p - 1: their taps, positions and draft-cache slots (-1 where nothing is pending),
         ``rows`` per sequence (default a block), beside the meta of a ``tokens``-long draft
         block (default the whole block)."""
-        d, inp = self.inputs.dev, self.inputs
-        rows = rows or self.block
+        ix, rows = self._ix, rows or self.block
         meta, tables, p, live = self._block_meta(self.cache.draft, n, width, causal=False,
                                                  tokens=tokens)
-        pending, offsets = d["pending"][:n], inp.offsets[:rows]
-        ctx_pos = ((p - pending)[:, None] + offsets).clamp(min=0)
+        pending, offsets = ix.round["pending"][:n], ix.offsets[:rows]
+        ctx_pos = ((p - pending)[:, None] + offsets).clip(min=0)
         ctx_valid = live & (offsets[None] < pending[:, None])
         ctx_slots = self._slots(self.cache.draft, tables, ctx_pos, ctx_valid)
         ctx_taps = self._seat_rows(self._taps, n, rows).reshape(n * rows, -1)
-        return meta, ctx_taps, ctx_pos.view(-1).to(torch.int32), ctx_slots.view(-1)
+        return (meta, ctx_taps, ix.tensor(ix.int32(ctx_pos.reshape(-1))),
+                ix.tensor(ctx_slots.reshape(-1)))
 
     def _seat_rows(self, table: torch.Tensor, n: int, rows: int) -> torch.Tensor:
         """``table[seats]`` for the staged round's ``n`` rows. On the CPU a concatenation of
         the seats' slices, read from the host copy of the seats: index_select parallelises even
         a one-seat copy (a 184 KB block of taps) in an OpenMP region, measured 0.5-6 ms of a
-        ~20 ms draft forward under load. On CUDA the gather on the device (graph-safe)."""
+        ~20 ms draft forward under load; one seat's rows are a view, read in place by the
+        draft's fc. On CUDA the gather on the device (graph-safe)."""
         if self.device.type != "cpu":
             return table[:, :rows].index_select(0, self.inputs.dev["seats"][:n])
-        return torch.cat([table[int(s), :rows][None] for s in self.inputs.host["seats"][:n]])
+        parts = [table[int(s), :rows][None] for s in self.inputs.host["seats"][:n]]
+        return parts[0] if n == 1 else torch.cat(parts)
 
     def _ingest_body(self, n: int, width: int, rows: int | None = None) -> None:
         _, ctx_taps, ctx_pos, ctx_slots = self._pending_context(n, width, rows=rows)

@@ -120,8 +120,7 @@ Projection = Dense | QuantWeight
 class InjectionTables:
     """One layer's injection weights laid out for inference."""
 
-    predictor: Projection  # P_l: norm(h_j) -> f_j
-    gate_h: Projection  # the norm(h_j) half of W_g
+    predictor_gate_h: Projection  # [P_l; the norm(h_j) half of W_g]: one GEMM reads norm(h_j)
     gate_f_inject: Projection  # [the f_{j-1} half of W_g; W_i]: one GEMM for both readers of f_{j-1}
 
 
@@ -133,6 +132,14 @@ class LayerTables:
     gate_up: Projection  # [gate_proj; up_proj]
     down: Projection
     injection: InjectionTables | None  # None: a DFlash layer
+    norms: tuple  # the norm weights (input, q, k, post-attention[, injection]): the module's
+
+    def loop_entry(self) -> tuple:
+        """This layer as `ops.draft_layers_loop` takes it: (projections, norm weights)."""
+        proj = (self.q, self.kv, self.o, self.gate_up, self.down)
+        inj = self.injection
+        return (proj if inj is None else proj + (inj.predictor_gate_h, inj.gate_f_inject),
+                self.norms)
 
 
 @dataclass
@@ -157,6 +164,9 @@ class BoundTables:
     mask_row: torch.Tensor  # the block's MASK input row
     layers: list[LayerTables]
     transition: TransitionTables | None  # None: a DFlash drafter
+    # `ops.draft_layers`' weight and norm lists when the projections are quantised (the layer
+    # loop is then one op); None: the loop runs op by op (`ops.draft_layers_loop`).
+    layer_lists: tuple[list, list] | None = None
 
 
 def choose_drafts(logits, pair, anchors, top_k: int, temperature, uniforms):
@@ -270,15 +280,21 @@ class DSpineDraft(nn.Module):
                 fc=dense(self.fc.weight), mask_row=mask_row,
                 layers=[self._layer_tables(layer, dense) for layer in self.layers],
                 transition=transition)
+            if weight_format is not None:
+                self._bound.layer_lists = ops.draft_layer_lists(
+                    [t.loop_entry() for t in self._bound.layers])
 
     def _layer_tables(self, layer: DraftLayer, dense) -> LayerTables:
         attn, mlp, inj, h = layer.self_attn, layer.mlp, layer.injection, self.config.hidden_size
-        return LayerTables(
+        norms = (layer.input_layernorm.weight, attn.q_norm.weight, attn.k_norm.weight,
+                 layer.post_attention_layernorm.weight) + (() if inj is None else
+                                                           (inj.norm.weight,))
+        return LayerTables(norms=norms,
             q=dense(attn.q_proj.weight), kv=dense(attn.k_proj.weight, attn.v_proj.weight),
             o=dense(attn.o_proj.weight), gate_up=dense(mlp.gate_proj.weight, mlp.up_proj.weight),
             down=dense(mlp.down_proj.weight),
             injection=None if inj is None else InjectionTables(
-                dense(inj.predictor.weight), dense(inj.gate.weight[:, :h]),
+                dense(inj.predictor.weight, inj.gate.weight[:, :h]),
                 dense(inj.gate.weight[:, h:], inj.inject.weight)))
 
     @property
@@ -360,34 +376,18 @@ class DSpineDraft(nn.Module):
         ctx = self.context(ctx_taps)
         kv_positions = torch.cat([ctx_positions, meta.positions])
         kv_slots = torch.cat([ctx_slots, meta.slots])
-        window = c.sliding_window or 0
-        for i, (layer, tables) in enumerate(zip(self.layers, bd.layers)):
-            x = ops.rms_norm(hidden, layer.input_layernorm.weight, c.rms_norm_eps)
-            q = tables.q(x).view(-1, c.num_heads, c.head_dim)
-            q = ops.rope(ops.rms_norm(q, layer.self_attn.q_norm.weight, c.rms_norm_eps),
-                         meta.positions, bd.cos_sin)
-            k, v = self._kv(i, torch.cat([ctx, x]))
-            ops.write_kv(k, v, kv_positions, bd.cos_sin, k_caches[i], v_caches[i], kv_slots)
-            attn = ops.paged_attention(q, k_caches[i], v_caches[i], meta.block_tables,
-                                       meta.kv_lens, meta.cu_q, blk, False, window, self.scale,
-                                       meta.max_kv_len)
-            hidden = hidden + tables.o(attn.view(bsz * blk, -1))
-            x = ops.rms_norm(hidden, layer.post_attention_layernorm.weight, c.rms_norm_eps)
-            gu = tables.gate_up(x)
-            inter = c.intermediate_size
-            hidden = hidden + tables.down(F.silu(gu[:, :inter]) * gu[:, inter:])
-            if tables.injection is not None:
-                hidden = self._inject(layer.injection, tables.injection, hidden, anchors)
+        # The anchors' features (E_out rows) are the same in every injecting layer: one lookup.
+        anchor_f = (embedding_rows(bd.lm_head, anchors) if c.injection
+                    else hidden.new_empty(0))
+        args = (c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
+                meta.positions, kv_positions, kv_slots, bd.cos_sin, k_caches, v_caches,
+                meta.block_tables, meta.kv_lens, meta.cu_q, blk, c.sliding_window or 0,
+                self.scale, meta.max_kv_len)
+        if bd.layer_lists is not None:  # quantised: the loop in one op (no dispatch a step)
+            weights, norms = bd.layer_lists
+            fmt = bd.fc.format
+            hidden = ops.draft_layers(hidden, ctx, anchor_f, weights, norms, fmt, *args)
+        else:
+            hidden = ops.draft_layers_loop(hidden, ctx, anchor_f,
+                                           [t.loop_entry() for t in bd.layers], *args)
         return ops.rms_norm(hidden, self.norm.weight, c.rms_norm_eps).view(bsz, blk, h)[:, 1:]
-
-    def _inject(self, inj: Injection, tables: InjectionTables, hidden: torch.Tensor,
-                anchors: torch.Tensor) -> torch.Tensor:
-        c = self.config
-        bsz, h = anchors.shape[0], c.hidden_size
-        blk = hidden.shape[0] // bsz  # the block's length (`forward`)
-        hn = ops.rms_norm(hidden, inj.norm.weight, c.rms_norm_eps)
-        f = tables.predictor(hn).view(bsz, blk, h)
-        f[:, 0] = embedding_rows(self.bound.lm_head, anchors)  # the anchor's feature is exact
-        gate_h = tables.gate_h(hn).view(bsz, blk, h)
-        fproj = tables.gate_f_inject(f)
-        return ops.fused_injection(hidden.view(bsz, blk, h), gate_h, fproj).view(bsz * blk, h)

@@ -129,7 +129,7 @@ class DraftRun:
         if self.dist.is_main:
             self.draft.save(self.out, dtype=torch.bfloat16, max_shard_bytes=SHARD_BYTES)
 
-    def save_state(self, step: int, total_steps: int, data_info: dict) -> None:
+    def save_state(self, step: int, schedule: "LRSchedule", data_info: dict) -> None:
         """Writes the resume state (fp32 master weights, AdamW moments, schedule); swapped in
         atomically, so a save cut short leaves the previous state usable."""
         if not self.dist.is_main:
@@ -144,7 +144,7 @@ class DraftRun:
                            self.out / f"{STATE_DIR}.old")
         shutil.rmtree(tmp, ignore_errors=True)
         save_checkpoint(tensors, tmp, SHARD_BYTES)
-        state = {"step": step, "total_steps": total_steps,
+        state = {"step": step, "total_steps": schedule.total, "lr_schedule": schedule.state(),
                  "param_groups": opt_state["param_groups"],
                  "scheduler": self.sched.state_dict(), "config": dataclasses.asdict(self.cfg),
                  "data": data_info, "best": self.best, "best_step": self.best_step}
@@ -179,11 +179,68 @@ def find_state(out_dir: Path) -> Path | None:
     return None
 
 
-def cosine_factor(step: int, total: int, warmup: float, floor: float) -> float:
-    """Linear warm-up over ``warmup`` (a fraction of ``total``, or a step count when >= 1),
-    then a cosine from 1 down to ``floor``."""
-    warm = max(1, round(warmup if warmup >= 1 else warmup * total))
-    if step < warm:
-        return (step + 1) / warm
-    progress = min(1.0, (step - warm) / max(1, total - warm))
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+def warm_steps(warmup: float, total: int) -> int:
+    """``warmup`` as a step count: a fraction of ``total``, or a step count when >= 1."""
+    return max(1, round(warmup if warmup >= 1 else warmup * total))
+
+
+@dataclasses.dataclass(frozen=True)
+class LRSchedule:
+    """The learning-rate factor per step: a linear warm-up to 1 at step ``warm - 1``, then a
+    cosine from 1 down to ``floor`` at step ``total``.
+
+    A run sized to its time budget changes ``total`` mid-run (`replan`). The factor is read off
+    the schedule's *position* (in the warm-up: the factor itself; in the cosine: 1 + its
+    progress), which runs linearly from where it was at the last re-plan (``anchor``,
+    ``position``) to the end of the phase, so the factor never jumps and still ends at
+    ``floor``. Anchor 0 at position 1 / warm is the plain schedule."""
+    total: int
+    warm: int
+    floor: float
+    anchor: int
+    position: float  # at ``anchor``
+
+    @classmethod
+    def start(cls, total: int, warmup: float, floor: float,
+              warm_basis: int | None = None) -> "LRSchedule":
+        """``warm_basis``: the step count a warm-up fraction is taken of, when ``total`` is
+        only a placeholder (a run sized to its budget later, which re-plans the warm-up)."""
+        warm = warm_steps(warmup, warm_basis or total)
+        return cls(total, warm, floor, 0, 1 / warm)
+
+    def position_at(self, step: int) -> float:
+        a, x = self.anchor, self.position
+        if a < self.warm:  # anchored in the warm-up, which ends at 1 at step warm - 1
+            if step < self.warm:
+                return x + (1 - x) * (step - a) / max(1, self.warm - 1 - a)
+            a, x = self.warm, 1.0  # then the cosine as planned: from the warm-up's end
+        return min(2.0, x + (2 - x) * (step - a) / max(1, self.total - a))
+
+    def factor(self, step: int) -> float:
+        x = self.position_at(step)
+        if x < 1:
+            return x
+        return self.floor + (1 - self.floor) * 0.5 * (1 + math.cos(math.pi * (x - 1)))
+
+    def replan(self, step: int, total: int, warmup: float) -> "LRSchedule":
+        """The schedule from ``step`` on, ending at ``total`` (at least ``step + 1``): the
+        factor at ``step`` stays; a warm-up under way now ends where the new total's would,
+        but never sooner than planned (a shorter one would climb the rest in a step or two);
+        a cosine under way spreads its remaining progress over the new remaining steps."""
+        total = max(total, step + 1)
+        warm = self.warm
+        if step < warm - 1:
+            warm = min(max(warm_steps(warmup, total), warm), max(total - 1, step + 2))
+        return LRSchedule(total, warm, self.floor, step, self.position_at(step))
+
+    def state(self) -> dict:
+        """What `state.json` keeps besides ``total_steps`` (``floor`` is the run's setting)."""
+        return {"warm": self.warm, "anchor": self.anchor, "position": self.position}
+
+    @classmethod
+    def from_state(cls, total: int, saved: dict | None, warmup: float, floor: float):
+        """The saved schedule; a state file without one (written before re-planning existed)
+        ran the plain schedule, anchor 0."""
+        if saved is None:
+            return cls.start(total, warmup, floor)
+        return cls(total, saved["warm"], floor, saved["anchor"], saved["position"])

@@ -24,16 +24,26 @@ from ..models.dspine import DSpineDraft
 from ..models.target import TargetModel
 from .capture import TargetCapture
 from .distributed import DistContext
-from .draft_run import DraftRun, cosine_factor, find_state  # noqa: F401  (find_state: CLI)
+from .draft_run import DraftRun, LRSchedule, find_state  # noqa: F401  (find_state: CLI)
 from .evaluation import EvalAccumulator, walk_correct, walk_tables
 from .flops import ce_terms, draft_step_flops, target_capture_flops
 from .forward import make_blocks, sample_anchors, teacher_states
 from .losses import block_metrics, merge_metrics, summarize_metrics, weight_total
 
-# With steps=0: the run is sized to its budget after these many steps, and sized again after the
-# second (on CUDA the first steps include compilation for new batch shapes: an H200 run sized at
-# step 20 alone expected 410 ms/step, ran at ~300, and finished with a third of its budget unused).
+# With steps=0: the run is sized to its budget after these many steps (each with a checkpoint, to
+# time one), and sized again after the second (on CUDA the first steps include compilation for new
+# batch shapes: an H200 run sized at step 20 alone expected 410 ms/step, ran at ~300, and finished
+# with a third of its budget unused).
 CALIBRATION_STEPS = (20, 120)
+# ... and then every RESIZE_EVERY steps from the steps since the last sizing, since the speed can
+# change mid-run (an H200 shared with other processes for the first 4 minutes: 354 ms/step at
+# step 120, ~200-250 later; sized once, the run used 5.3 of its 8 minutes). 100 steps give a
+# median that ignores outliers (logs, checkpoints) and re-plan every 20-40 s at 0.2-0.4 s/step,
+# at the cost of one broadcast.
+RESIZE_EVERY = 100
+# steps=0, before the first sizing: the run length a warm-up fraction is taken of (the H200
+# runs of 5-8 minutes were sized to 1000-2000 steps); the sizing re-plans it from there.
+UNSIZED_RUN_STEPS = 1000
 # Settings that may change when a run is resumed; all others are taken from the saved run.
 RUNTIME_FIELDS = ("max_minutes", "save_every", "log_every", "ce_chunk", "eval_batches")
 
@@ -129,8 +139,14 @@ class Trainer:
             raise ValueError(f"{len(data)} training sequences cannot be shared by {world} ranks")
         self.batch_size = self.global_batch // world
         self.auto_steps = cfg.steps == 0
-        self.total_steps = (10**6 if self.auto_steps else cfg.steps) or max(1, math.ceil(
+        total = (10**6 if self.auto_steps else cfg.steps) or max(1, math.ceil(
             cfg.epochs * (len(data) // self.global_batch) / cfg.grad_accum))
+        # Unsized, a warm-up fraction of the 10**6 placeholder would be 40,000 steps: the first
+        # sizing (step 20) would find the warm-up barely begun and end it within a step or two,
+        # a jump from ~0 to the full rate. Until then it is a fraction of a typical sized run.
+        self.schedule = LRSchedule.start(total, cfg.warmup, cfg.min_lr_ratio,
+                                         UNSIZED_RUN_STEPS if self.auto_steps else None)
+        self.clock = time.monotonic  # the budget's time source (a test drives its own)
         self.runs = [DraftRun(_kind(draft), draft, target, cfg, out_dir, self._lr_factor,
                               self.dist)]
         if ablation is not None:
@@ -148,8 +164,12 @@ class Trainer:
             raise ValueError("drafts trained together must tap the same target layers")
         return taps[0]
 
+    @property
+    def total_steps(self) -> int:
+        return self.schedule.total
+
     def _lr_factor(self, step: int) -> float:
-        return cosine_factor(step, self.total_steps, self.cfg.warmup, self.cfg.min_lr_ratio)
+        return self.schedule.factor(step)
 
     # ------------------------------------------------------------------ one batch
     def _capture(self, batch, generator, shard: bool = True):
@@ -251,39 +271,35 @@ class Trainer:
     def run(self, t_start: float | None = None) -> bool:
         """Trains to ``total_steps`` or until the time budget; returns True when finished."""
         cfg = self.cfg
-        t_start = t_start or time.monotonic()
+        t_start = self.clock() if t_start is None else t_start
         deadline = t_start + cfg.max_minutes * 60 if cfg.max_minutes else math.inf
         step_time, save_time = 0.0, 30.0  # estimates, refined as we go
         first_step = self.step
         bar = tqdm(total=self.total_steps, initial=self.step, desc="fit", unit="step",
                    disable=not self.dist.is_main)
         window = _Window()
-        timed = []
+        timed = []  # step times since the run was last sized
         try:
             while self.step < self.total_steps:
                 # Rank 0 decides, so that every rank stops at the same step.
-                if self.dist.from_main(time.monotonic() + step_time + save_time > deadline):
+                if self.dist.from_main(self.clock() + step_time + save_time > deadline):
                     save_time = self._checkpoint()
                     self._say(f"time budget reached at step {self.step}/{self.total_steps}; "
                               f"checkpoint in {self.out}; continue with --resume")
                     return False
-                t0 = time.monotonic()
+                t0 = self.clock()
                 self.train_step()
                 window.add(self)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     self._log_train(bar, window)
                     window = _Window()
                 bar.update()
-                dt = time.monotonic() - t0
+                dt = self.clock() - t0
                 step_time = 0.9 * step_time + 0.1 * dt if step_time else dt
                 timed.append(dt)
-                done = self.step - first_step
-                if (self.auto_steps and done in CALIBRATION_STEPS
-                        and self.step < self.total_steps):
-                    save_time = self._checkpoint()
-                    self._size_to_budget(timed[done // 4:], save_time, deadline, bar)
-                elif self.step % cfg.save_every == 0 and self.step < self.total_steps:
-                    save_time = self._checkpoint()
+                if self.step < self.total_steps:
+                    save_time = self._between_steps(self.step - first_step, timed, save_time,
+                                                    deadline, bar)
         except KeyboardInterrupt:
             self._say("interrupted: saving a checkpoint")
             for run in self.runs:
@@ -297,14 +313,35 @@ class Trainer:
             self._checkpoint()
         return True
 
+    def _between_steps(self, done: int, timed: list[float], save_time: float, deadline: float,
+                       bar) -> float:
+        """After ``done`` steps of this process: a checkpoint every ``save_every`` steps and
+        at the calibration steps (to time one); with steps=0, sizing the run at the sizing
+        steps from ``timed`` (emptied for the next window). Returns the latest checkpoint's
+        seconds."""
+        calibrating = self.auto_steps and done in CALIBRATION_STEPS
+        if calibrating or self.step % self.cfg.save_every == 0:
+            save_time = self._checkpoint()
+        if self.auto_steps and _sizing_step(done):
+            # The window's first quarter is left out: the first steps include compilation.
+            self._size_to_budget(timed[len(timed) // 4:], save_time, deadline, bar)
+            timed.clear()
+        return save_time
+
     def _size_to_budget(self, step_times: list[float], ckpt_time: float, deadline: float,
                         bar) -> None:
         """steps=0: the run's length follows from the measured step and checkpoint times, so
-        the cosine schedule ends inside --max-minutes instead of being cut short."""
+        the cosine schedule ends inside --max-minutes instead of being cut short (or leaving
+        time unused); the schedule is re-planned from this step, so the learning rate stays
+        continuous."""
         step = sorted(step_times)[len(step_times) // 2]
-        left = (deadline - time.monotonic()) * 0.97 - ckpt_time  # the final checkpoint
+        left = (deadline - self.clock()) * 0.97 - ckpt_time  # the final checkpoint
         more = max(1, int(left / (step + ckpt_time / self.cfg.save_every)))
-        self.total_steps = self.dist.from_main(self.step + more)
+        total = self.dist.from_main(self.step + more)  # every rank plans the same schedule
+        if total == self.total_steps:
+            return
+        # Anchored at the next step, whose learning rate the scheduler has already set.
+        self.schedule = self.schedule.replan(self.step, total, self.cfg.warmup)
         bar.total = self.total_steps
         self._say(f"sized to the budget: {self.total_steps} steps ({step * 1e3:.0f} ms/step, "
                   f"{ckpt_time:.1f} s per checkpoint)")
@@ -358,7 +395,7 @@ class Trainer:
 
     def _save_state(self) -> None:
         for run in self.runs:
-            run.save_state(self.step, self.total_steps, self.data_info)
+            run.save_state(self.step, self.schedule, self.data_info)
 
     def save(self) -> None:
         """Writes every draft (bf16) and its resume state, without evaluating."""
@@ -369,8 +406,9 @@ class Trainer:
     def load_state(self, state_dirs: list[Path], states: list[dict]) -> None:
         for run, d, st in zip(self.runs, state_dirs, states):
             run.load_state(d, st)
-        self.step = states[0]["step"]
-        self.total_steps = states[0]["total_steps"]
+        self.step, saved = states[0]["step"], states[0]
+        self.schedule = LRSchedule.from_state(saved["total_steps"], saved.get("lr_schedule"),
+                                              self.cfg.warmup, self.cfg.min_lr_ratio)
         self.auto_steps = self.auto_steps and self.total_steps >= 10**6
 
 
@@ -414,6 +452,12 @@ class _Window:
 
     def seconds(self) -> float:
         return max(1e-9, time.monotonic() - self.start)
+
+
+def _sizing_step(done: int) -> bool:
+    """steps=0: whether the run is sized after ``done`` steps of this process."""
+    last = CALIBRATION_STEPS[-1]
+    return done in CALIBRATION_STEPS or done > last and (done - last) % RESIZE_EVERY == 0
 
 
 def _kind(draft: DSpineDraft) -> str:
