@@ -15,7 +15,12 @@ Times are medians over CUDA-event timed runs with L2 flushed before each run (as
 step, where the other layers evict it). Writes benchmarks/results/kernels_<device>.json (or
 --out DIR) and prints a markdown table.
 
-    python benchmarks/kernel_bench.py [--quick] [--out DIR]
+    python benchmarks/kernel_bench.py [--quick] [--out DIR] [--sm90 auto|on|off|compare]
+
+--sm90 picks the paged attention kernel on Hopper (DSPINE_ATTN_SM90): auto (the heuristic),
+on / off (the wgmma kernel wherever it applies / never), or compare: every attention row also
+times ours with it off and on (ours_mma_us, ours_sm90_us; ours_us stays the heuristic's), so one
+run measures before and after.
 """
 from __future__ import annotations
 
@@ -276,10 +281,36 @@ def best_sdpa(cfg: AttnConfig, timer: Timer):
     return best
 
 
-def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict) -> dict:
+SM90_ENV = {"auto": None, "on": "1", "off": "0"}
+
+
+def set_sm90(mode: str | None) -> None:
+    """DSPINE_ATTN_SM90 for the calls that follow (the binding reads it at every call)."""
+    if mode is None:
+        os.environ.pop("DSPINE_ATTN_SM90", None)
+    else:
+        os.environ["DSPINE_ATTN_SM90"] = mode
+
+
+def sm90_launches() -> int:
+    op = getattr(torch.ops.dspine, "attention_sm90_launches", None)
+    return op() if op is not None else 0
+
+
+def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict, sm90: str = "auto") -> dict:
     row = asdict(cfg)
     row.update(q_len=cfg.q_len, key_len=cfg.key_len, flops=attention_flops(cfg), bytes=attention_bytes(cfg))
-    row["ours_us"] = timer(ours_inputs(cfg))
+    ours = ours_inputs(cfg)
+    before = sm90_launches()
+    row["ours_us"] = timer(ours)
+    row["ours_path"] = "sm90" if sm90_launches() > before else "mma"
+    if sm90 == "compare":  # before/after in one run; the heuristic's choice stays in ours_us
+        for mode, key in (("0", "ours_mma_us"), ("1", "ours_sm90_us")):
+            set_sm90(mode)
+            before = sm90_launches()
+            t = timer(ours)
+            row[key] = t if mode == "0" or sm90_launches() > before else None  # None: not applicable
+        set_sm90(None)
     torch.cuda.empty_cache()
     row["sdpa_backend"], row["sdpa_us"] = best_sdpa(cfg, timer)
     row["flex_us"] = None
@@ -386,14 +417,15 @@ def markdown(result: dict) -> str:
              f"{c['bf16_matmul_TFLOPs']:.0f} TFLOP/s.", "",
              "Attention (bf16; ours: paged cache, page 16; SDPA/Flex: contiguous K/V of the visible keys):", "",
              "| shape | mode | ctx | window | batch | ours us | TFLOP/s | GB/s | %BW | %MMA | SDPA us (backend) "
-             "| Flex us | speedup |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| Flex us | speedup | path | mma us | sm90 us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["attention"]:
         lines.append(
             f"| {r['shape']} | {r['mode']} | {r['ctx']} | {r['window'] or '-'} | {r['batch']} | {fmt(r['ours_us'])} "
             f"| {fmt(r['ours_TFLOPs'])} | {fmt(r['ours_GBps'], '.0f')} | {fmt(100 * r['frac_bw'], '.0f')} "
             f"| {fmt(100 * r['frac_mma'], '.0f')} | {fmt(r['sdpa_us'])} ({r['sdpa_backend'] or '-'}) "
-            f"| {fmt(r['flex_us'])} | {fmt(r['speedup_vs_best_alt'], '.2f')} |")
+            f"| {fmt(r['flex_us'])} | {fmt(r['speedup_vs_best_alt'], '.2f')} | {r.get('ours_path', '-')} "
+            f"| {fmt(r.get('ours_mma_us'))} | {fmt(r.get('ours_sm90_us'))} |")
     if "injection" not in result:  # --attention-only
         return "\n".join(lines)
     inj = result["injection"]
@@ -420,7 +452,11 @@ def main(argv=None) -> int:
                         help="skip the injection, walk and verify rows")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                         help="directory for kernels_<device>.json")
+    parser.add_argument("--sm90", choices=["auto", "on", "off", "compare"], default="auto",
+                        help="Hopper attention kernel: heuristic, forced on/off, or both timed per row")
     args = parser.parse_args(argv)
+    if args.sm90 != "compare":
+        set_sm90(SM90_ENV[args.sm90])
     if not torch.cuda.is_available():
         print("benchmarks/kernel_bench.py needs a CUDA device", file=sys.stderr)
         return 1
@@ -428,7 +464,7 @@ def main(argv=None) -> int:
     timer = Timer(iters=10 if args.quick else 20)
     device = torch.cuda.get_device_name()
     result = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick,
+              "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "sm90": args.sm90,
               "command": " ".join(["python benchmarks/kernel_bench.py"] + (argv if argv is not None else sys.argv[1:]))}
     result["ceilings"] = measure_ceilings(timer)
     result["attention"] = []
@@ -439,7 +475,7 @@ def main(argv=None) -> int:
         if args.max_minutes and time.monotonic() - start > 60 * args.max_minutes:
             result["truncated"] = f"{len(result['attention'])} of {len(cfgs)} configurations"
             break
-        result["attention"].append(bench_attention(cfg, timer, result["ceilings"]))
+        result["attention"].append(bench_attention(cfg, timer, result["ceilings"], args.sm90))
     if not args.attention_only:
         result["injection"] = bench_injection(timer)
         result["sampling"] = bench_sampling(timer, result["ceilings"])

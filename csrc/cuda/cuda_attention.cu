@@ -4,6 +4,8 @@
 #include <cstdlib>
 
 #include "attention.cuh"
+#include "attention_heuristics.h"
+#include "attention_sm90.h"
 #include "binding.h"
 
 namespace dspine {
@@ -15,6 +17,15 @@ namespace cuda {
 static int forced_splits() {
   const char* env = std::getenv("DSPINE_ATTN_SPLITS");
   return env ? std::max(0, std::min(128, std::atoi(env))) : 0;
+}
+
+// DSPINE_ATTN_SM90=0 keeps every call off the Hopper wgmma kernel, =1 sends it every shape it
+// supports (attention_heuristics.h), unset lets the heuristic choose. Read at every call, like
+// DSPINE_ATTN_SPLITS (tests and kernel_bench.py compare both paths in one process).
+static int forced_sm90() {
+  const char* env = std::getenv("DSPINE_ATTN_SM90");
+  if (!env || !*env) return gpu::kSm90Auto;
+  return std::atoi(env) != 0 ? 1 : 0;
 }
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -60,6 +71,22 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   at::Tensor workspace;
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);
+    if constexpr (!std::is_same<T, float>::value) {
+      const gpu::AttentionShape shape{true, p.head_dim, p.q_heads, p.kv_heads, p.batch, p.max_q_len, p.window};
+      const int forced = forced_sm90();
+      gpu::AttentionDevice dev{0, 0, num_sms(), false};
+      dev.cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor);
+      dev.cc_minor = device_attribute(cudaDevAttrComputeCapabilityMinor);
+      // Asked only where it could matter: the image query costs a runtime call on first use.
+      dev.sm90_runnable = forced != 0 && dev.cc_major == 9 && gpu::attention_sm90_supports(shape) &&
+                          gpu::attention_sm90_runnable<T>();
+      if (gpu::choose_attention_path(shape, dev, forced) == gpu::AttentionPath::kSm90) {
+        p.num_splits = 1;  // the sm90 kernel never splits keys
+        p.min_split_tiles = 0;
+        gpu::launch_attention_sm90<T>(p, stream());
+        return;
+      }
+    }
     gpu::plan_attention_splits<T>(p, num_sms(), max_kv_len, forced_splits());
     if (p.num_splits > 1) {
       workspace = at::empty({gpu::attention_workspace_floats(p)}, q.options().dtype(at::kFloat));
@@ -71,5 +98,19 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   return out;
 }
 
+// Launches of the sm90 kernel so far (0 in a build without it): the GPU tests check with it that
+// the dispatch took the path they meant to test.
+static int64_t attention_sm90_launches() { return gpu::attention_sm90_launches(); }
+
+// 1 when this build has the sm90 kernel and its image runs on the current device.
+static int64_t attention_sm90_available() {
+  return gpu::attention_sm90_runnable<__nv_bfloat16>() && gpu::attention_sm90_runnable<__half>() ? 1 : 0;
+}
+
 }  // namespace cuda
 }  // namespace dspine
+
+TORCH_LIBRARY_FRAGMENT(dspine, m) {
+  m.def("attention_sm90_launches() -> int", &dspine::cuda::attention_sm90_launches);
+  m.def("attention_sm90_available() -> int", &dspine::cuda::attention_sm90_available);
+}

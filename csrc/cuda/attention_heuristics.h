@@ -1,0 +1,65 @@
+// Which paged attention kernel runs a call: the one place that decides it (host-only, plain C++
+// over shape numbers and device facts, so it reads no device memory and a launch stays
+// graph-capturable). The binding (cuda_attention.cu) fills the inputs and launches the answer.
+//
+//   kSimt  fp32, or a head dim without a tensor-core instantiation (CUDA cores)
+//   kMma   the mma.sync kernel (attention.cuh): every GPU from sm_80, every mode, split-KV
+//   kSm90  the warp-specialised wgmma kernel (attention_sm90.cuh): Hopper, row tiles only
+#pragma once
+
+#include <cstdint>
+
+namespace dspine {
+namespace gpu {
+
+enum class AttentionPath { kSimt = 0, kMma = 1, kSm90 = 2 };
+
+struct AttentionShape {
+  bool half_precision;  // bf16 / fp16 (fp32 always runs on CUDA cores)
+  int head_dim, q_heads, kv_heads, batch, max_q_len, window;
+};
+
+struct AttentionDevice {
+  int cc_major, cc_minor, num_sms;
+  bool sm90_runnable;  // the sm_90a image of the kernel exists and runs on this device
+};
+
+// DSPINE_ATTN_SM90: -1 unset (heuristic), 0 never the sm90 path, 1 the sm90 path for every
+// shape it supports (tests compare the two paths on the same inputs with it).
+constexpr int kSm90Auto = -1;
+
+// Rows (query, head pairs) of the sm90 kernel's tile: 2 consumer warpgroups x 64 rows.
+constexpr int kSm90BlockM = 128;
+
+// Shapes the sm90 kernel implements. Everything else stays on the mma.sync kernel:
+// - sliding windows (window > 0): the sm90 kernel shares the mma.sync kernel's key ranges and
+//   masks (visible_keys, cta_work), so it should handle them, but no window case has run on it
+//   yet: enabling them is this line plus window cases in the GPU tests;
+// - head dims other than 64 / 128 (256 would need a smaller key tile to fit two stages);
+// - blocks of <= 16 rows (decode, short verify blocks): the key-split mma.sync variant exists for
+//   them, and a 128-row wgmma tile would be mostly padding.
+inline bool attention_sm90_supports(const AttentionShape& s) {
+  if (!s.half_precision || s.window > 0) return false;
+  if (s.head_dim != 64 && s.head_dim != 128) return false;
+  if (s.kv_heads <= 0 || s.q_heads % s.kv_heads != 0) return false;
+  const int64_t rows = static_cast<int64_t>(s.max_q_len) * (s.q_heads / s.kv_heads);
+  return rows > 16;
+}
+
+inline AttentionPath choose_attention_path(const AttentionShape& s, const AttentionDevice& d, int forced_sm90) {
+  const bool mma = s.half_precision && (s.head_dim == 64 || s.head_dim == 128 || s.head_dim == 256);
+  if (!mma) return AttentionPath::kSimt;
+  const bool hopper = d.cc_major == 9 && d.cc_minor == 0 && d.sm90_runnable;
+  if (!hopper || forced_sm90 == 0 || !attention_sm90_supports(s)) return AttentionPath::kMma;
+  if (forced_sm90 == 1) return AttentionPath::kSm90;
+  // Heuristic: the sm90 kernel never splits keys, so it only pays when its row tiles alone fill
+  // the GPU (one CTA per SM: 160 KB of shared memory at head dim 128). A smaller grid (a short
+  // prefill chunk, a verify block of a few sequences) keeps the split-KV mma.sync kernel.
+  // Unmeasured threshold (issue 12): revisit with the H200 numbers of kernel_bench.py.
+  const int64_t rows = static_cast<int64_t>(s.max_q_len) * (s.q_heads / s.kv_heads);
+  const int64_t tiles = static_cast<int64_t>(s.batch) * s.kv_heads * ((rows + kSm90BlockM - 1) / kSm90BlockM);
+  return rows >= kSm90BlockM && tiles >= d.num_sms ? AttentionPath::kSm90 : AttentionPath::kMma;
+}
+
+}  // namespace gpu
+}  // namespace dspine

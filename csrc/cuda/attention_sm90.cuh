@@ -1,0 +1,304 @@
+// Paged attention row tiles on Hopper (sm_90a): warpgroup MMA (wgmma) through CuTe, a producer
+// warpgroup streaming K/V through an mbarrier ring, two consumer warpgroups. Semantics are those
+// of attention.cuh (dspine_engine/ops.py:paged_attention); this kernel runs the subset
+// attention_heuristics.h routes to it (bf16/fp16, head dim 64/128, row tiles, no window).
+//
+// CTA = 3 warpgroups (384 threads) owning one (sequence, kv head, tile of 128 rows), rows being
+// (query, head of the GQA group) pairs exactly as in the mma.sync kernel (cta_work is shared):
+//   warpgroup 0  producer: Q once, then K/V tiles of 128 keys into a ring of kStages stages.
+//                Copies are cp.async, 16 bytes each, one page-table lookup per key row: a
+//                128-key tile spans 8 pages at the engine's page size of 16, so a TMA box (one
+//                page, 16 rows) would need 8 descriptors' worth of issues per tile and could not
+//                zero-fill keys outside the visible range without reading them (see
+//                docs/KERNELS.md, "Hopper (sm_90a)"). The producer waits for its own copies,
+//                fences them into the async proxy (wgmma reads shared memory through it) and
+//                arrives on the stage's `full` mbarrier.
+//   warpgroups 1-2  consumers, 64 rows each (the M of one wgmma): S = Q K^T with both operands
+//                in shared memory (SS), online softmax on the S accumulators in registers (the
+//                mma.sync kernel's softmax_update: wgmma's accumulator layout per warp is the
+//                m16n8 layout it was written for), P converted in registers and O += P V with
+//                P as the register operand (RS), then an arrive on the stage's `empty` mbarrier.
+// Masks are applied only on tiles that some row of the CTA cannot fully see (the causal
+// diagonal), as in the mma.sync kernel. No key split: the heuristic sends a call here only when
+// its row tiles fill the GPU by themselves.
+//
+// Deliberately simple first version (correctness first, issue 12): one wgmma batch in flight per
+// consumer (no intra-warpgroup overlap of softmax with the next QK^T, no ping-pong scheduling
+// between the two consumers beyond what the warp scheduler does), output stored straight from
+// registers, producer waits for each tile before signalling it. See docs/KERNELS.md for the
+// measured rate and what to add next.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+
+#include "attention.cuh"
+
+// The wgmma / setmaxnreg code exists only in the sm_90a pass; every other pass (sm_80, the host)
+// sees a kernel that traps (never launched there: attention_sm90_runnable() checks the image).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DSPINE_SM90_DEVICE_CODE 1
+#else
+#define DSPINE_SM90_DEVICE_CODE 0
+#endif
+
+namespace dspine {
+namespace gpu {
+
+template <typename T>
+struct CuteElem;
+template <>
+struct CuteElem<__nv_bfloat16> {
+  using type = cutlass::bfloat16_t;
+};
+template <>
+struct CuteElem<__half> {
+  using type = cutlass::half_t;
+};
+
+template <typename T, int D>
+struct Sm90Tile {
+  using Elem = T;
+  using E = typename CuteElem<T>::type;
+  static constexpr int kD = D;
+  static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows (wgmma M)
+  static constexpr int kBlockN = 128;  // keys per stage: the N of QK^T, the K of PV
+  static constexpr int kStages = D <= 64 ? 3 : 2;
+  static constexpr int kThreads = 3 * 128;
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  // setmaxnreg budgets: 128 x 56 + 256 x 224 = 64512 <= 65536 registers of the SM (one CTA/SM).
+  // At 40 the producer spilled 12-16 bytes (its cp.async address math); 56 compiles with none.
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+
+  // Shared memory: K-major 128-byte-swizzled tiles (what wgmma reads without bank conflicts).
+  // V is stored like K (key rows of D contiguous elements, as the cache holds them) and read by
+  // PV through a transposed (D x keys) view, i.e. as an MN-major B operand.
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<E>{}, cute::Shape<cute::Int<kBlockM>, cute::Int<D>>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<E>{}, cute::Shape<cute::Int<kBlockN>, cute::Int<D>, cute::Int<kStages>>{}));
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutK{}, cute::make_layout(cute::Shape<cute::Int<D>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                                       cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * D>>{})));
+
+  // Two warpgroups along M; each runs 64 x N x 16 wgmmas.
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::ss_op_selector<E, E, float, cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<D>>>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::rs_op_selector<E, E, float, cute::Shape<cute::_64, cute::Int<D>, cute::Int<kBlockN>>,
+                                       cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+
+  static constexpr size_t kQBytes = cute::cosize(SmemLayoutQ{}) * sizeof(E);
+  static constexpr size_t kKVBytes = cute::cosize(SmemLayoutK{}) * sizeof(E);
+  static constexpr size_t kBarrierBytes = (1 + 2 * kStages) * sizeof(uint64_t);
+  // +1024: the dynamic shared memory base is re-aligned to 1024 bytes (the 128-byte swizzle's
+  // period, which the wgmma descriptors assume).
+  static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kKVBytes + kBarrierBytes;
+  static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles keep the 1024-byte alignment");
+  static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM");
+
+  // First row (inside the CTA's tile) of the calling consumer warp: warps 4..11 own rows 16 each,
+  // which is where the tiled MMA puts their accumulator rows (store_rows reads it).
+  __device__ static int warp_row0() { return (static_cast<int>(threadIdx.x / kWarpSize) - 4) * 16; }
+};
+
+#if DSPINE_SM90_DEVICE_CODE
+// C = A B over the k blocks of the operands, one wgmma batch, waited for. ZERO_INIT overwrites C;
+// REG_A: A is a register fragment (RS), fenced like the accumulators.
+template <bool ZERO_INIT, bool REG_A, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_gemm(TiledMma& mma, const TA& a, const TB& b, TC& c) {
+  using namespace cute;
+  constexpr bool kRegA = REG_A;
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  if constexpr (ZERO_INIT) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
+}
+
+// Producer: one K/V tile into its stage, 16-byte cp.async per (key row, chunk), zero-filled
+// outside the CTA's visible keys (never read, so freed pages may be -1 there).
+template <typename C, class TK>
+__device__ __forceinline__ void sm90_load_kv(TK& sK, TK& sV, const PagedAttentionParams& p, const CtaWork& w,
+                                             int tile, int stage, int tid) {
+  using T = typename C::Elem;
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
+  // Thread tid copies chunk tid % kChunks of rows tid / kChunks + k * (128 / kChunks): one page
+  // lookup per row it touches, consecutive threads on consecutive 16-byte chunks of a row.
+  constexpr int kRowsPerPass = 128 / C::kChunks;
+  const int ch = tid % C::kChunks;
+#pragma unroll 4
+  for (int r = tid / C::kChunks; r < C::kBlockN; r += kRowsPerPass) {
+    const int kp = tile * C::kBlockN + r;
+    const int64_t off =
+        (kp >= w.key_lo && kp <= w.key_hi) ? kv_offset(table, kp, p, w.page_shift, w.kvh, C::kD) : -1;
+    const bool valid = off >= 0;
+    cp_async_16(&sK(r, ch * 8, stage), valid ? kc + off + ch * 8 : kc, valid);
+    cp_async_16(&sV(r, ch * 8, stage), valid ? vc + off + ch * 8 : vc, valid);
+  }
+}
+#endif
+
+// grid: (batch * kv_heads, 1, row tiles of 128); block: 384 threads; dynamic smem kSmemBytes.
+template <typename T, int D>
+__global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_sm90_kernel(const PagedAttentionParams p) {
+#if DSPINE_SM90_DEVICE_CODE
+  using namespace cute;
+  using C = Sm90Tile<T, D>;
+  using E = typename C::E;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  E* q_ptr = reinterpret_cast<E*>(base);
+  E* k_ptr = reinterpret_cast<E*>(base + C::kQBytes);
+  E* v_ptr = reinterpret_cast<E*>(base + C::kQBytes + C::kKVBytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + C::kQBytes + 2 * C::kKVBytes);
+  uint64_t* q_full = bars;
+  uint64_t* full = bars + 1;                // [kStages]: producer -> consumers, 128 arrivals
+  uint64_t* empty = bars + 1 + C::kStages;  // [kStages]: consumers -> producer, 256 arrivals
+  using Bar = cutlass::arch::ClusterBarrier;
+
+  Tensor sQ = make_tensor(make_smem_ptr(q_ptr), typename C::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(k_ptr), typename C::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(v_ptr), typename C::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(v_ptr), typename C::SmemLayoutVt{});
+
+  const CtaWork w = cta_work<C>(p);
+  if (w.rows_here <= 0) return;  // uniform over the CTA
+  const int n_tiles = w.tile_end - w.tile_begin;
+
+  if (threadIdx.x == 0) {
+    Bar::init(q_full, 128);
+    for (int s = 0; s < C::kStages; ++s) {
+      Bar::init(&full[s], 128);
+      Bar::init(&empty[s], 256);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer warpgroup
+    cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
+    const int tid = threadIdx.x;
+    const T* q = static_cast<const T*>(p.q);
+    for (int c = tid; c < C::kBlockM * C::kChunks; c += 128) {
+      const int r = c / C::kChunks, ch = c % C::kChunks;
+      const bool valid = r < w.rows_here;
+      const T* src = q;
+      if (valid) {
+        const int row = w.row0 + r;
+        const int64_t token = w.q_begin + row / w.group;
+        const int head = w.kvh * w.group + row % w.group;
+        src = q + token * p.q_row_stride + static_cast<int64_t>(head) * D + ch * 8;
+      }
+      cp_async_16(&sQ(r, ch * 8), src, valid);
+    }
+    for (int i = 0; i < n_tiles; ++i) {
+      const int stage = i % C::kStages;
+      // Parity of the stage's previous use: a fresh barrier passes parity 1 at once.
+      Bar::wait(&empty[stage], ((i / C::kStages) & 1) ^ 1);
+      sm90_load_kv<C>(sK, sV, p, w, w.tile_begin + i, stage, tid);
+      cp_async_commit();
+      cp_async_wait<0>();
+      // cp.async writes through the generic proxy, wgmma reads through the async proxy: each
+      // writing thread fences its own writes before its release-arrive.
+      cutlass::arch::fence_view_async_shared();
+      if (i == 0) Bar::arrive(q_full);
+      Bar::arrive(&full[stage]);
+    }
+    cp_async_wait<0>();  // no copy outlives the CTA (the Q copy when there was no tile)
+  } else {
+    // ---------------------------------------------------------------- consumer warpgroups
+    cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
+    const int ctid = threadIdx.x - 128;
+    const int lane = threadIdx.x % kWarpSize;
+    typename C::TiledMmaS mma_s;
+    typename C::TiledMmaO mma_o;
+    auto thr_s = mma_s.get_thread_slice(ctid);
+    auto thr_o = mma_o.get_thread_slice(ctid);
+    Tensor tSrQ = thr_s.partition_fragment_A(sQ);   // descriptors (MMA, 1, D/16)
+    Tensor tSrK = thr_s.partition_fragment_B(sK);   // descriptors (MMA, 1, D/16, stages)
+    Tensor tOrV = thr_o.partition_fragment_B(sVt);  // descriptors (MMA, 1, BN/16, stages)
+    Tensor tSrS = partition_fragment_C(mma_s, Shape<Int<C::kBlockM>, Int<C::kBlockN>>{});
+    Tensor tOrO = partition_fragment_C(mma_o, Shape<Int<C::kBlockM>, Int<D>>{});
+    Tensor tOrP = make_tensor<E>(partition_shape_A(mma_o, Shape<Int<C::kBlockM>, Int<C::kBlockN>>{}));
+    // The flat register order of the S accumulators (per 8 columns: row g cols 2q, 2q+1, row
+    // g+8 the same) is the order of the RS A operand over 16-column k blocks, so P is S converted
+    // element by element (no shuffles). The sizes pin the layouts this relies on.
+    static_assert(decltype(size(tSrS))::value == C::kBlockN / 2, "S: 64 x BN per warpgroup");
+    static_assert(decltype(size(tOrO))::value == D / 2, "O: 64 x D per warpgroup");
+    static_assert(decltype(size(tOrP))::value == C::kBlockN / 2, "P: S's registers");
+
+    const int row = w.row0 + C::warp_row0() + lane / 4;  // this thread's rows: row and row + 8
+    const KeyRange vis0 = visible_keys(w.first_pos + row / w.group, w.kv_len, p.causal, p.window);
+    const KeyRange vis1 = visible_keys(w.first_pos + (row + 8) / w.group, w.kv_len, p.causal, p.window);
+    const float scale_log2 = p.scale * 1.4426950408889634f;
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    clear(tOrO);
+
+    if (n_tiles > 0) Bar::wait(q_full, 0);
+    for (int i = 0; i < n_tiles; ++i) {
+      const int stage = i % C::kStages;
+      const int t = w.tile_begin + i;
+      Bar::wait(&full[stage], (i / C::kStages) & 1);
+      wgmma_gemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
+
+      float s[C::kBlockN / 8][4];
+#pragma unroll
+      for (int j = 0; j < size(tSrS); ++j) s[j / 4][j % 4] = tSrS(j);
+#pragma unroll
+      for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
+      const int k0 = t * C::kBlockN;
+      const bool need_mask = !(k0 >= w.full_lo && k0 + C::kBlockN - 1 <= w.full_hi);
+      softmax_update<C::kBlockN, D>(s, o, m_run, l_run, k0, need_mask, vis0, vis1, scale_log2);
+#pragma unroll
+      for (int j = 0; j < size(tOrO); ++j) tOrO(j) = o[j / 4][j % 4];
+#pragma unroll
+      for (int j = 0; j < size(tOrP); ++j) tOrP(j) = static_cast<E>(s[j / 4][j % 4]);
+
+      wgmma_gemm<false, true>(mma_o, tOrP, tOrV(_, _, _, stage), tOrO);
+      Bar::arrive(&empty[stage]);  // this thread's wgmmas on the stage are complete
+    }
+#pragma unroll
+    for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
+    store_rows<C>(p, w, o, m_run, l_run);
+  }
+#else
+  __trap();  // no sm_90a image in this pass; attention_sm90_runnable() keeps launches away
+#endif
+}
+
+template <typename T, int D>
+void launch_attention_sm90_tile(const PagedAttentionParams& p, cudaStream_t stream) {
+  using C = Sm90Tile<T, D>;
+  constexpr auto kernel = paged_attention_sm90_kernel<T, D>;
+  const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
+  const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), 1u, static_cast<unsigned>(row_tiles));
+  allow_max_dynamic_smem<kernel>();
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+}
+
+}  // namespace gpu
+}  // namespace dspine
