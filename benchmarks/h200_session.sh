@@ -188,9 +188,26 @@ start_mps() {  # CUDA MPS for the generators (the default pipe directory: every 
 
 stop_mps() {  # once the generators are done: the fit and measure calls run as on a plain GPU
   # (run 12's e2e ran under the still-running daemon, 2026-12-03: not comparable with run 11's)
+  # A client started while the daemon is still going away fails CUDA's initialisation (error
+  # 805: run 13's fit, 2026-12-03, fell back to the CPU at 190 s a step): wait for the daemon
+  # and its server to exit, then for a fresh process to see the GPU (the pipe directory removed
+  # if it still does not), and end the call if it never does.
   [ -f $S/mps.on ] || return 0
   echo quit | timeout 30 nvidia-cuda-mps-control >/dev/null 2>&1
-  rm -f $S/mps.on; say "MPS off"
+  for _ in $(seq 30); do pgrep -f "nvidia-cuda-mps-(control|server)" >/dev/null || break; sleep 1; done
+  rm -f $S/mps.on
+  cuda_ready || { rm -rf /tmp/nvidia-mps; cuda_ready; } ||
+    { say "CUDA does not come back after MPS: $(tail -2 $R/logs/mps.log | tr '\n' ' ')"; pack; exit 1; }
+  say "MPS off"
+}
+
+cuda_ready() {  # a fresh process sees the GPU, within 30 s
+  for _ in $(seq 10); do
+    python3 -c "import torch; assert torch.cuda.is_available(); torch.ones(1, device='cuda')" \
+      >> $R/logs/mps.log 2>&1 && return 0
+    sleep 3
+  done
+  return 1
 }
 
 wait_build() {
@@ -276,11 +293,12 @@ if [ "$MODE" = fit ]; then
   [ -n "${INIT_TWIN:-}" ] && INIT_DRAFT=${INIT_DRAFT:-$W/dspine_engine/drafters/smollm2-135m-dspine}
   init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
   [ -n "${INIT_TWIN:-}" ] && init="$init --ablation-draft $INIT_TWIN"
-  fit() {  # fit OUT LOG ARGS...: one dspine-train fit on this run's data
+  fit() {  # fit OUT LOG ARGS...: one dspine-train fit on this run's data (--device cuda: a GPU
+    # CUDA cannot reach ends the fit at once instead of training on the CPU)
     local out=$1 log=$2; shift 2
     python3 -m torch.distributed.run --nproc-per-node $GPUS -m dspine_engine.cli.train fit \
       --data $S/data.jsonl --eval-data $S/heldout.jsonl --out $out $init --batch-size $BATCH \
-      --lr $LR --save-every 250 --eval-batches 6 --log-every 20 --quiet "$@" > $log 2>&1
+      --lr $LR --save-every 250 --eval-batches 6 --log-every 20 --quiet --device cuda "$@" > $log 2>&1
     say "fit $(basename $out) rc $? : $(tail -c 600 $log | tr '\r' '\n' | tail -3 | tr '\n' ' ')"
   }
   if [ "$TWIN" = dflash ]; then  # both in one process: the same batches, the budget shared
