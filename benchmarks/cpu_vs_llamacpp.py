@@ -4,7 +4,8 @@ Every answer runs in a fresh process (so peak RSS is per configuration), configu
 turns (A B C A B C ...) so that a noisy shared machine hurts them alike, and the table reports
 medians with the spread (min-max) over prompts x repeats. Both sides get the same prompt token
 ids (our chat template; llama.cpp is fed the ids), greedy, a fixed number of new tokens (EOS
-ignored), after a short warm-up generation in the same process.
+ignored; --stop-at-eos: ours only, up to that many), after a short warm-up generation in the same
+process.
 
 Configurations (--configs, comma-separated):
   llamacpp     llama.cpp through llama-cpp-python (installed with --install if missing; it is
@@ -25,6 +26,11 @@ Configurations (--configs, comma-separated):
 seconds of the process (the first token read off the stream), as round_profile.py --cpu-time
 does: on a machine shared with other jobs one process an answer moves 2-3x in wall time
 between answers, the CPU clock only with the work (memory stalls included). Not with llamacpp.
+
+--stop-at-eos ends our answers at EOS, as the H200's end-to-end benchmark does: the tokens a
+model writes after its answer's end are not an answer (their acceptance is not the drafter's on
+real output), and greedy speculative and autoregressive answers stop at the same token. Not with
+llamacpp, whose comparison needs equal lengths.
 
 --context T puts a document before each question so that every prompt holds T tokens (the
 other MT-Bench questions, repeated: decoding then reads a long KV cache, where attention
@@ -87,13 +93,11 @@ def _worker_llamacpp(job: dict) -> dict:
     return dict(tokens=tokens, start=start, first=first, end=end, tau=1.0)
 
 
-def _answer_cpu_time(engine, ids: list[int], n: int) -> dict:
+def _answer_cpu_time(engine, ids: list[int], params) -> dict:
     """One greedy answer timed in process CPU seconds; the first token's time off the stream."""
-    from dspine_engine import SamplingParams
-
     tokens, first, last = [], None, None
     start = time.process_time()
-    for last in engine.stream(ids, SamplingParams(max_tokens=n, ignore_eos=True)):
+    for last in engine.stream(ids, params):
         tokens += last.new_token_ids
         if first is None and tokens:
             first = time.process_time()
@@ -116,11 +120,11 @@ def _worker_ours(job: dict) -> dict:
                     **(drafted or {}), **(dict(cpu_threads=1) if cpu_time else {}))
     engine.generate([job["warmup_ids"]], SamplingParams(max_tokens=WARMUP_TOKENS,
                                                         ignore_eos=True))
+    params = SamplingParams(max_tokens=job["new_tokens"], ignore_eos=not job["stop_at_eos"])
     if cpu_time:
-        return _answer_cpu_time(engine, job["ids"], job["new_tokens"])
+        return _answer_cpu_time(engine, job["ids"], params)
     start = time.perf_counter()
-    result = engine.generate([job["ids"]], SamplingParams(max_tokens=job["new_tokens"],
-                                                          ignore_eos=True))[0]
+    result = engine.generate([job["ids"]], params)[0]
     end = time.perf_counter()
     # The engine's own clock starts at admission; the first token's time is on that clock.
     first = end - (result.stats.elapsed - result.stats.time_to_first_token)
@@ -204,6 +208,8 @@ def main() -> None:
     ap.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
     ap.add_argument("--cpu-time", action="store_true",
                     help="ours on one kernel thread, timed in process CPU seconds (see above)")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="our answers end at EOS (see above); not with llamacpp")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -214,6 +220,8 @@ def main() -> None:
         ap.error(f"unknown configs {sorted(unknown)}; choose from {CONFIGS}")
     if args.cpu_time and "llamacpp" in configs:
         ap.error("--cpu-time times our engine only (llama.cpp keeps its own threads)")
+    if args.stop_at_eos and "llamacpp" in configs:
+        ap.error("--stop-at-eos: llama.cpp's comparison needs answers of equal length")
     llamacpp_version = _ensure_llamacpp(args.install) if "llamacpp" in configs else None
 
     import tempfile
@@ -238,7 +246,7 @@ def main() -> None:
         for _, p, c in tqdm(order, desc="answers", unit="answer"):
             job = dict(config=c, prompt_index=p, ids=ids[p], warmup_ids=warmup, gguf=gguf,
                        threads=args.threads, new_tokens=args.new_tokens, n_ctx=n_ctx,
-                       cpu_time=args.cpu_time)
+                       cpu_time=args.cpu_time, stop_at_eos=args.stop_at_eos)
             rows.append(_run_job(job, Path(tmp)))
 
     summary = {}
@@ -251,6 +259,7 @@ def main() -> None:
     info["clock"] = "process CPU time" if args.cpu_time else "wall"
     payload = {"info": info, "llama_cpp_python": llamacpp_version, "gguf": gguf,
                "prompts": args.prompts, "repeats": args.repeats, "new_tokens": args.new_tokens,
+               "stop_at_eos": args.stop_at_eos,
                "summary": summary, "rows": [{k: v for k, v in r.items()
                                              if k not in ("start", "first", "end")}
                                             for r in rows]}
@@ -309,8 +318,10 @@ def _table(payload: dict, configs: list[str]) -> str:
              "prompts"
              + (f" of {payload['context_tokens']} tokens (a document of the other questions "
                 "before each)" if payload.get("context_tokens") else "")
-             + f" x {payload['new_tokens']} new tokens "
-             f"(EOS ignored), {payload['info']['threads']} threads"
+             + (f" x up to {payload['new_tokens']} new tokens (answers end at EOS), "
+                if payload.get("stop_at_eos") else
+                f" x {payload['new_tokens']} new tokens (EOS ignored), ")
+             + f"{payload['info']['threads']} threads"
              + (" (times in process CPU seconds)" if payload["info"].get("clock") ==
                 "process CPU time" else "") + ", concurrency 1, one process "
              f"per answer, configurations alternating, {payload['repeats']} repeats: medians "
