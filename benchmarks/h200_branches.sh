@@ -12,7 +12,7 @@
 #   bench   (measure, MEASURE="branches", on the quiet GPU) benchmarks/kernel_bench.py of each branch
 #           with its arguments from BRANCH_BENCH ("name=args;name=args"), on the branch's build
 #           and then on the session's (main's) build with the branch's script: before and after
-#           in one call.
+#           in one call; then Nsight Compute on the branch's kernels named in BRANCH_NCU.
 #
 # Everything lands in /root/stage/results/branches/<name>/ (packed with the session's results).
 set -u
@@ -64,6 +64,24 @@ if [ "$MODE" = test ]; then
   exit 0
 fi
 
+# BRANCH_NCU="name=regex regex;...": Nsight Compute (--set full, 2 launches) on the branch's build
+# for each kernel-name regex, run under its BRANCH_BENCH script and arguments; the report's details
+# page comes back as CSV (the .ncu-rep stays on the machine: it is large).
+profile() {  # $1 branch, $2 bench script, $3 its arguments
+  local n=$1 kb=$2 args=$3 spec i=0
+  IFS=';' read -ra spec <<< "${BRANCH_NCU:-}"
+  for entry in "${spec[@]}"; do
+    [ "${entry%%=*}" = "$n" ] || continue
+    for k in ${entry#*=}; do
+      i=$((i + 1))
+      (cd $B/$n && PYTHONPATH=$B/$n timeout 300 ncu --set full -k "regex:$k" --launch-count 2 -f \
+         -o /tmp/ncu_${n}_$i python3 $kb $args > "$OUTB/$n/ncu_$i.log" 2>&1
+       echo "ncu $i ($k) rc $?" >> "$OUTB/$n/summary.log"
+       ncu --import /tmp/ncu_${n}_$i.ncu-rep --page details --csv > "$OUTB/$n/ncu_$i.csv" 2>&1)
+    done
+  done
+}
+
 if [ "$MODE" = bench ]; then
   IFS=';' read -ra specs <<< "${BRANCH_BENCH:-}"
   for spec in "${specs[@]}"; do
@@ -76,6 +94,7 @@ if [ "$MODE" = bench ]; then
        > "$o/bench_after.log" 2>&1; echo "bench after rc $?" >> "$o/summary.log"
      PYTHONPATH=/root/work:/root/site timeout 200 python3 $kb $args --out "$o/before" \
        > "$o/bench_before.log" 2>&1; echo "bench before rc $?" >> "$o/summary.log")
+    profile "$n" "$kb" "$args"
   done
   exit 0
 fi

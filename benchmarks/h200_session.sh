@@ -39,7 +39,8 @@
 #               MEASURE="rounds": where a c=1 round's host time goes (round_profile.py on cuda:
 #               launches, the draft's pieces, the verify's sync) beside the AR step.  ~1 min
 #               MEASURE="branches": the kernel branches' benchmarks (h200_branches.sh bench,
-#               BRANCH_BENCH="name=kernel_bench.py args;..."), before and after.            ~1-2 min each
+#               BRANCH_BENCH="name=kernel_bench.py args;..."), before and after; with
+#               BRANCH_NCU="name=kernel-regex ...;..." ncu on those kernels too. ~1-2 min each (+1-5 per ncu)
 #               MEASURE="kernels" (not in the default set): benchmarks/attention_h200.sh on
 #               the stage-1 build: attention GPU tests, memcheck subset, decode/verify rows
 #               of benchmarks/kernel_bench.py beside SDPA (issue 12).                     ~4 min
