@@ -169,21 +169,42 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   return w;
 }
 
+// The online softmax of one thread's two rows in the m16n8 accumulator layout (`row` and `row + 8`
+// of its warp's 16): their visible keys, the log2 scale, the output accumulators and the running
+// max and sum. The mma.sync row tiles here and the wgmma ones (attention_sm90.cuh) start from it.
+template <int D>
+struct RowSoftmax {
+  KeyRange vis0, vis1;
+  float scale_log2;
+  float o[D / 8][4];
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  __device__ __forceinline__ RowSoftmax(const PagedAttentionParams& p, const CtaWork& w, int row)
+      : vis0(visible_keys(w.first_pos + row / w.group, w.kv_len, p.causal, p.window)),
+        vis1(visible_keys(w.first_pos + (row + 8) / w.group, w.kv_len, p.causal, p.window)),
+        scale_log2(p.scale * 1.4426950408889634f) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  }
+};
+
+// Source of 16-byte chunk `ch` of the row tile's query row `r` (a (token, head) pair of the GQA
+// group); a row past the tile gets a valid address that its zero-filling copy does not read.
+template <typename T, int D>
+__device__ __forceinline__ const T* q_row_chunk(const PagedAttentionParams& p, const CtaWork& w, int r, int ch) {
+  const T* q = static_cast<const T*>(p.q);
+  if (r >= w.rows_here) return q;
+  const int row = w.row0 + r;
+  const int64_t token = w.q_begin + row / w.group;
+  const int head = w.kvh * w.group + row % w.group;
+  return q + token * p.q_row_stride + static_cast<int64_t>(head) * D + ch * 8;
+}
+
 template <typename C>
 __device__ __forceinline__ void load_q_tile(typename C::Elem* sQ, const PagedAttentionParams& p, const CtaWork& w) {
-  using T = typename C::Elem;
-  const T* q = static_cast<const T*>(p.q);
   for (int c = threadIdx.x; c < C::kBlockM * C::kChunks; c += C::kThreads) {
     const int r = c / C::kChunks, ch = c % C::kChunks;
-    const bool valid = r < w.rows_here;
-    const T* src = q;
-    if (valid) {
-      const int row = w.row0 + r;
-      const int64_t token = w.q_begin + row / w.group;
-      const int head = w.kvh * w.group + row % w.group;
-      src = q + token * p.q_row_stride + static_cast<int64_t>(head) * C::kD + ch * 8;
-    }
-    cp_async_16(sQ + r * C::kPitch + ch * 8, src, valid);
+    cp_async_16(sQ + r * C::kPitch + ch * 8, q_row_chunk<typename C::Elem, C::kD>(p, w, r, ch), r < w.rows_here);
   }
 }
 
@@ -500,15 +521,7 @@ paged_attention_mma_kernel(const PagedAttentionParams p) {
   if (w.rows_here <= 0) return;  // uniform over the CTA, and over the row tile's splits
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const bool warp_active = C::warp_row0() < w.rows_here;  // a row tile may fill only one warp
-  const int row = w.row0 + C::warp_row0() + lane / 4;     // this thread's rows: row and row + 8
-  const KeyRange vis0 = visible_keys(w.first_pos + row / w.group, w.kv_len, p.causal, p.window);
-  const KeyRange vis1 = visible_keys(w.first_pos + (row + 8) / w.group, w.kv_len, p.causal, p.window);
-  const float scale_log2 = p.scale * 1.4426950408889634f;
-
-  float o[D / 8][4];
-#pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  RowSoftmax<D> rs(p, w, w.row0 + C::warp_row0() + lane / 4);  // this thread's rows: that one and + 8
   uint32_t qf[C::kQInRegs ? D / 16 : 1][4];
 
   // Commit groups: Q, then one per tile (empty past the range), so that before computing tile i
@@ -547,17 +560,17 @@ paged_attention_mma_kernel(const PagedAttentionParams p) {
       warp_scores<C>(s, qf, sQ, k_warp);
       const int k0 = t * C::kBlockN + C::warp_key0();
       const bool need_mask = !(k0 >= w.full_lo && k0 + C::kWarpN - 1 <= w.full_hi);
-      softmax_update<C::kWarpN, D>(s, o, m_run, l_run, k0, need_mask, vis0, vis1, scale_log2);
-      warp_pv<C>(o, s, v_warp);
+      softmax_update<C::kWarpN, D>(s, rs.o, rs.m_run, rs.l_run, k0, need_mask, rs.vis0, rs.vis1, rs.scale_log2);
+      warp_pv<C>(rs.o, s, v_warp);
     }
   }
   cp_async_wait<0>();  // the Q copy when there was no tile; the empty trailing groups
   if constexpr (KEY_SPLIT) {
     __syncthreads();  // every warp is done with the stages before they hold the merge
-    merge_warps<D>(o, m_run, l_run, reinterpret_cast<float*>(sKV));
-    if (warp == 0) store_rows<C>(p, w, o, m_run, l_run);
+    merge_warps<D>(rs.o, rs.m_run, rs.l_run, reinterpret_cast<float*>(sKV));
+    if (warp == 0) store_rows<C>(p, w, rs.o, rs.m_run, rs.l_run);
   } else if (warp_active) {
-    store_rows<C>(p, w, o, m_run, l_run);
+    store_rows<C>(p, w, rs.o, rs.m_run, rs.l_run);
   }
   if constexpr (KEY_SPLIT) {  // row tiles are combined by their own launch (combine_splits_kernel)
     if (p.num_splits > 1 && arrive_last(p.arrivals + blockIdx.x * gridDim.z + blockIdx.z, p.num_splits))

@@ -198,18 +198,9 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     // ---------------------------------------------------------------- producer warpgroup
     cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
     const int tid = threadIdx.x;
-    const T* q = static_cast<const T*>(p.q);
     for (int c = tid; c < C::kBlockM * C::kChunks; c += 128) {
       const int r = c / C::kChunks, ch = c % C::kChunks;
-      const bool valid = r < w.rows_here;
-      const T* src = q;
-      if (valid) {
-        const int row = w.row0 + r;
-        const int64_t token = w.q_begin + row / w.group;
-        const int head = w.kvh * w.group + row % w.group;
-        src = q + token * p.q_row_stride + static_cast<int64_t>(head) * D + ch * 8;
-      }
-      cp_async_16(&sQ(r, ch * 8), src, valid);
+      cp_async_16(&sQ(r, ch * 8), q_row_chunk<T, D>(p, w, r, ch), r < w.rows_here);
     }
     for (int i = 0; i < n_tiles; ++i) {
       const int stage = i % C::kStages;
@@ -247,15 +238,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     static_assert(decltype(size(tOrO))::value == D / 2, "O: 64 x D per warpgroup");
     static_assert(decltype(size(tOrP))::value == C::kBlockN / 2, "P: S's registers");
 
-    const int row = w.row0 + C::warp_row0() + lane / 4;  // this thread's rows: row and row + 8
-    const KeyRange vis0 = visible_keys(w.first_pos + row / w.group, w.kv_len, p.causal, p.window);
-    const KeyRange vis1 = visible_keys(w.first_pos + (row + 8) / w.group, w.kv_len, p.causal, p.window);
-    const float scale_log2 = p.scale * 1.4426950408889634f;
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    RowSoftmax<D> rs(p, w, w.row0 + C::warp_row0() + lane / 4);  // this thread's rows: that one and + 8
     clear(tOrO);
 
     if (n_tiles > 0) Bar::wait(q_full, 0);
@@ -269,12 +252,12 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
 #pragma unroll
       for (int j = 0; j < size(tSrS); ++j) s[j / 4][j % 4] = tSrS(j);
 #pragma unroll
-      for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
+      for (int j = 0; j < size(tOrO); ++j) rs.o[j / 4][j % 4] = tOrO(j);
       const int k0 = t * C::kBlockN;
       const bool need_mask = !(k0 >= w.full_lo && k0 + C::kBlockN - 1 <= w.full_hi);
-      softmax_update<C::kBlockN, D>(s, o, m_run, l_run, k0, need_mask, vis0, vis1, scale_log2);
+      softmax_update<C::kBlockN, D>(s, rs.o, rs.m_run, rs.l_run, k0, need_mask, rs.vis0, rs.vis1, rs.scale_log2);
 #pragma unroll
-      for (int j = 0; j < size(tOrO); ++j) tOrO(j) = o[j / 4][j % 4];
+      for (int j = 0; j < size(tOrO); ++j) tOrO(j) = rs.o[j / 4][j % 4];
 #pragma unroll
       for (int j = 0; j < size(tOrP); ++j) tOrP(j) = static_cast<E>(s[j / 4][j % 4]);
 
@@ -282,8 +265,8 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
       Bar::arrive(&empty[stage]);  // this thread's wgmmas on the stage are complete
     }
 #pragma unroll
-    for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
-    store_rows<C>(p, w, o, m_run, l_run);
+    for (int j = 0; j < size(tOrO); ++j) rs.o[j / 4][j % 4] = tOrO(j);
+    store_rows<C>(p, w, rs.o, rs.m_run, rs.l_run);
   }
 #else
   __trap();  // no sm_90a image in this pass; attention_sm90_runnable() keeps launches away
