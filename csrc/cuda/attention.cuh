@@ -169,20 +169,28 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   return w;
 }
 
-// The online softmax of one thread's two rows in the m16n8 accumulator layout (`row` and `row + 8`
-// of its warp's 16): their visible keys, the log2 scale, the output accumulators and the running
-// max and sum. The mma.sync row tiles here and the wgmma ones (attention_sm90.cuh) start from it.
-template <int D>
-struct RowSoftmax {
+// One thread's two rows in the m16n8 accumulator layout (`row` and `row + 8` of its warp's 16):
+// their visible keys, the log2 scale, and the online softmax's running max and sum. The mma.sync
+// row tiles here and the wgmma ones (attention_sm90.cuh, whose O lives in wgmma's accumulators)
+// start from it.
+struct RowState {
   KeyRange vis0, vis1;
   float scale_log2;
-  float o[D / 8][4];
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  __device__ __forceinline__ RowSoftmax(const PagedAttentionParams& p, const CtaWork& w, int row)
+  __device__ __forceinline__ RowState(const PagedAttentionParams& p, const CtaWork& w, int row)
       : vis0(visible_keys(w.first_pos + row / w.group, w.kv_len, p.causal, p.window)),
         vis1(visible_keys(w.first_pos + (row + 8) / w.group, w.kv_len, p.causal, p.window)),
-        scale_log2(p.scale * 1.4426950408889634f) {
+        scale_log2(p.scale * 1.4426950408889634f) {}
+};
+
+// RowState with the rows' output accumulators, zeroed (the mma.sync kernels keep O in registers).
+template <int D>
+struct RowSoftmax : RowState {
+  float o[D / 8][4];
+
+  __device__ __forceinline__ RowSoftmax(const PagedAttentionParams& p, const CtaWork& w, int row)
+      : RowState(p, w, row) {
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   }
