@@ -1,6 +1,7 @@
 """The verification policy on its own (no model): deterministic plans from a cost table and
 acceptance statistics, plain decoding when speculation cannot pay, widths from the buckets,
 exploration, the cost model's interpolation, and clear errors for bad settings."""
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,7 +9,8 @@ import pytest
 
 from dspine_engine.engine.config import EngineConfig
 from dspine_engine.engine.spec_policy import AutoPolicy, FixedPolicy, verify_widths
-from dspine_engine.engine.verify_cost import CostProfile, CostProfileError, probe_batches
+from dspine_engine.engine.verify_cost import (CostProfile, CostProfileError, build_fingerprint,
+                                              probe_batches)
 
 BLOCK = 16
 WIDTHS = verify_widths(BLOCK, BLOCK - 1, "auto")
@@ -331,6 +333,24 @@ def test_cost_probes_take_the_fastest_of_up_to_reps_runs_within_a_budget():
     profile = measure(runner, [1, 16], [1], reps=5, progress=False, budget_s=0.05)
     assert calls.count(1) == 6 and calls.count(16) == 3  # 1 warm-up + 5, 1 warm-up + 2
     assert profile.seconds[16][1] >= 0.03 > profile.seconds[1][1]
+
+
+def test_build_fingerprint_follows_modules_and_extensions_only(tmp_path):
+    """A module or compiled extension that changes (its size or its time) changes the
+    fingerprint; other files (weights, data) do not."""
+    fingerprint = build_fingerprint.__wrapped__  # uncached, for a tree that changes
+    (tmp_path / "sub").mkdir()
+    module, extension = tmp_path / "sub" / "mod.py", tmp_path / "_C.so"
+    module.write_text("x = 1\n")
+    extension.write_bytes(b"\0" * 8)
+    first = fingerprint(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    assert fingerprint(tmp_path) == first
+    module.write_text("x = 22\n")
+    second = fingerprint(tmp_path)
+    assert second != first
+    os.utime(extension, ns=(10**9, 10**9))
+    assert fingerprint(tmp_path) not in (first, second)
 
 
 def test_bad_cost_profiles_are_refused(tmp_path):

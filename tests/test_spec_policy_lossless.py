@@ -8,6 +8,8 @@ import json
 import pytest
 
 from dspine_engine import Engine, SamplingParams
+from dspine_engine.engine import engine as engine_module
+from dspine_engine.engine.verify_cost import build_fingerprint
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
 from random_drafts import write_tiny_random_draft
 
@@ -82,6 +84,27 @@ def test_cost_profile_is_measured_once_and_cached(tiny_llama, tiny_llama_engine,
     texts = ["Hello there", "def add(a, b):"]
     assert ([r.token_ids for r in first.generate(texts, params)]
             == [r.token_ids for r in tiny_llama_engine.generate(texts, params)])
+
+
+def test_a_rebuilt_engine_measures_its_rounds_again(tiny_llama, tmp_path, monkeypatch):
+    """The profile's key holds the code's fingerprint: after an upgrade or a rebuild the rounds
+    are measured again (a faster draft forward must not be planned with its old cost); the old
+    build's profile stays beside the new one."""
+    monkeypatch.setenv("DSPINE_CACHE", str(tmp_path / "cache"))
+    draft = write_tiny_random_draft(tmp_path / "draft", seed=3)
+    kw = dict(draft=draft, progress=False, max_num_seqs=2, spec_policy="auto")
+
+    def builds():
+        return sorted(json.loads(f.read_text())["identity"]["build"]
+                      for f in (tmp_path / "cache" / "verify_cost").glob("*.json"))
+
+    Engine(tiny_llama, **kw)
+    assert builds() == [build_fingerprint()]
+    Engine(tiny_llama, **kw)  # the same build: the cached profile
+    assert builds() == [build_fingerprint()]
+    monkeypatch.setattr(engine_module, "build_fingerprint", lambda: "0-rebuilt")
+    Engine(tiny_llama, **kw)
+    assert builds() == sorted(["0-rebuilt", build_fingerprint()])
 
 
 def test_a_bad_cost_profile_is_a_clear_error(tiny_llama, tmp_path):

@@ -43,7 +43,7 @@ from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .spec_policy import build_policy
-from .verify_cost import device_name
+from .verify_cost import build_fingerprint, device_name
 from .sequence import Sequence
 
 log = logging.getLogger("dspine_engine")
@@ -313,7 +313,8 @@ class Engine:
                 "graphs": self.runner.graphs is not None, "page_size": self.config.page_size,
                 "verified_draft_blocks": self.runner.verified_draft_blocks,
                 "tensor_parallel_size": self.config.tensor_parallel_size,
-                "torch": torch.__version__, **self._thread_identity()}
+                "torch": torch.__version__, "build": build_fingerprint(),
+                **self._thread_identity()}
 
     def _thread_identity(self) -> dict:
         """The CPU's thread counts (a round's cost follows them); nothing on CUDA, whose

@@ -19,6 +19,7 @@ paths, so drafts of one shape share a profile. ``EngineConfig(reprofile=True)`` 
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import time
@@ -109,6 +110,24 @@ def profile_key(engine_identity: dict) -> str:
     blob = json.dumps({**engine_identity, "profile_version": PROFILE_VERSION}, sort_keys=True,
                       default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+CODE_SUFFIXES = (".py", ".so", ".pyd")
+
+
+@functools.lru_cache(maxsize=None)
+def build_fingerprint(root: Path = PACKAGE_ROOT) -> str:
+    """The engine's code as installed: the size and modification time of every module and
+    compiled extension under ``root``. Part of a profile's key, so an upgrade or a rebuild
+    measures its rounds again: on 2026-12-03 a profile cached before the CPU draft forward got
+    ~25% cheaper kept the auto policy at 1.20x autoregressive where a fresh one reached 1.49x."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in CODE_SUFFIXES and path.is_file():
+            st = path.stat()
+            digest.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def device_name(device: torch.device) -> str:
