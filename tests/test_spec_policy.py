@@ -318,7 +318,8 @@ def test_cost_profile_interpolates_and_rounds_up_to_graph_sizes():
 
 def test_cost_probes_take_the_fastest_of_up_to_reps_runs_within_a_budget():
     """Cheap points get every run (the fastest of 5 resists a busy machine), a long one stops at
-    2 once its runs took the budget; the warm-up run is never counted."""
+    2 once its runs took the budget; the warm-up run is never counted; the runs sweep the widths
+    (a busy spell falls on every width alike)."""
     import time
 
     from dspine_engine.engine.verify_cost import measure
@@ -332,6 +333,7 @@ def test_cost_probes_take_the_fastest_of_up_to_reps_runs_within_a_budget():
     runner = SimpleNamespace(padding_round=padding_round)
     profile = measure(runner, [1, 16], [1], reps=5, progress=False, budget_s=0.05)
     assert calls.count(1) == 6 and calls.count(16) == 3  # 1 warm-up + 5, 1 warm-up + 2
+    assert calls == [1, 16] + [1, 16] * 2 + [1] * 3
     assert profile.seconds[16][1] >= 0.03 > profile.seconds[1][1]
 
 

@@ -34,8 +34,9 @@ CPU_PROBE_BATCHES = (1, 4, 16, 64)
 # Part of the cache key: bumped when what a round does changes (2: plain rounds of a drafted
 # engine no longer write the draft context every round; 3: CPU draft forwards over the
 # verified drafts and the pending context rows only; 4: the CPU's points the fastest of up to 5
-# runs, not of 2), so older profiles are measured again.
-PROFILE_VERSION = 4
+# runs, not of 2; 5: the points' runs in sweeps over the widths), so older profiles are
+# measured again.
+PROFILE_VERSION = 5
 # The CPU's probes: the fastest of up to CPU_PROBE_REPS runs a point, but at least 2 and no more
 # once a point's runs took CPU_PROBE_SECONDS (start-up time: a 64-sequence 16-token round is
 # seconds). At batch 1 a round is 5-50 ms, and on a 2-core machine shared with other jobs the
@@ -149,21 +150,30 @@ def probe_batches(max_batch: int, graph_sizes: list[int] | None) -> list[int]:
 
 def measure(runner, widths, batches, reps: int, progress: bool,
             budget_s: float = float("inf")) -> CostProfile:
-    """Times one round per (width, batch) on padding rows; the fastest of ``reps`` runs after
-    one warm-up at each point (the machine may be busy: the minimum is the round's cost), or
-    of fewer (at least 2) once a point's runs took ``budget_s`` seconds."""
+    """Times one round per (width, batch) on padding rows: after one warm-up of each width, up to
+    ``reps`` sweeps over the widths (a width stops at 2 runs once its runs took ``budget_s``),
+    and the fastest run of each point (the machine may be busy: the minimum is the round's
+    cost). Sweeps, not each point's runs back to back, because a profile's use is the ratio of
+    widths: with points one after another, a busy spell that fell on one width moved a 4-token
+    round between 1.26 and 1.85 decode steps over 8 profiles of one CPU build; sweeping read
+    1.50-1.79 (2026-12-03)."""
     seconds: dict[int, dict[int, float]] = {w: {} for w in widths}
     bar = tqdm(total=len(widths) * len(batches), desc="measuring verify cost (once, cached)",
                unit="point", disable=not progress, leave=False)
     for b in batches:
         for w in widths:
-            runs = []  # runs[0] is the warm-up
-            while len(runs) <= reps and not (len(runs) > 2 and sum(runs[1:]) >= budget_s):
+            runner.padding_round(b, w)  # warm-up
+        runs: dict[int, list[float]] = {w: [] for w in widths}
+        for _ in range(reps):
+            for w in widths:
+                if len(runs[w]) >= 2 and sum(runs[w]) >= budget_s:
+                    continue
                 t0 = time.perf_counter()
                 runner.padding_round(b, w)
-                runs.append(time.perf_counter() - t0)
-            seconds[w][b] = min(runs[1:])
-            bar.update()
+                runs[w].append(time.perf_counter() - t0)
+        for w in widths:
+            seconds[w][b] = min(runs[w])
+        bar.update(len(widths))
     bar.close()
     return CostProfile(seconds)
 
