@@ -149,14 +149,13 @@ def probe_batches(max_batch: int, graph_sizes: list[int] | None) -> list[int]:
 
 
 def measure(runner, widths, batches, reps: int, progress: bool,
-            budget_s: float = float("inf")) -> CostProfile:
+            budget_s: float = float("inf"), sweep: bool = True) -> CostProfile:
     """Times one round per (width, batch) on padding rows: after one warm-up of each width, up to
     ``reps`` sweeps over the widths (a width stops at 2 runs once its runs took ``budget_s``),
     and the fastest run of each point (the machine may be busy: the minimum is the round's
     cost). Sweeps, not each point's runs back to back, because a profile's use is the ratio of
-    widths: with points one after another, a busy spell that fell on one width moved a 4-token
-    round between 1.26 and 1.85 decode steps over 8 profiles of one CPU build; sweeping read
-    1.50-1.79 (2026-12-03)."""
+    widths and a busy spell that falls on one point skews it (benchmarks/cost_profile_spread.py
+    measures both orders; ``sweep=False`` is the old one, kept for it)."""
     seconds: dict[int, dict[int, float]] = {w: {} for w in widths}
     bar = tqdm(total=len(widths) * len(batches), desc="measuring verify cost (once, cached)",
                unit="point", disable=not progress, leave=False)
@@ -164,13 +163,14 @@ def measure(runner, widths, batches, reps: int, progress: bool,
         for w in widths:
             runner.padding_round(b, w)  # warm-up
         runs: dict[int, list[float]] = {w: [] for w in widths}
-        for _ in range(reps):
-            for w in widths:
-                if len(runs[w]) >= 2 and sum(runs[w]) >= budget_s:
-                    continue
-                t0 = time.perf_counter()
-                runner.padding_round(b, w)
-                runs[w].append(time.perf_counter() - t0)
+        order = [w for _ in range(reps) for w in widths] if sweep else \
+            [w for w in widths for _ in range(reps)]
+        for w in order:
+            if len(runs[w]) >= 2 and sum(runs[w]) >= budget_s:
+                continue
+            t0 = time.perf_counter()
+            runner.padding_round(b, w)
+            runs[w].append(time.perf_counter() - t0)
         for w in widths:
             seconds[w][b] = min(runs[w])
         bar.update(len(widths))
