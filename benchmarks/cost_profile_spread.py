@@ -22,9 +22,9 @@ from dspine_engine.engine import verify_cost as vc
 WIDTHS = [1, 2, 4, 8, 16]
 
 
-def profile_ratios(runner, batch: int, sweep: bool, cuda: bool) -> dict[int, float]:
-    reps, budget = (5, float("inf")) if cuda else (vc.CPU_PROBE_REPS, vc.CPU_PROBE_SECONDS)
-    seconds = vc.measure(runner, WIDTHS, [batch], reps, False, budget, sweep=sweep).seconds
+def profile_ratios(runner, batch: int, sweep: bool) -> dict[int, float]:
+    seconds = vc.measure(runner, WIDTHS, [batch], *vc.probe_settings(runner.device),
+                         sweep=sweep).seconds
     return {w: seconds[w][batch] / seconds[1][batch] for w in WIDTHS}
 
 
@@ -37,11 +37,10 @@ def main() -> None:
     args = ap.parse_args()
     engine = Engine(None, draft="default", device=args.device, progress=False,
                     max_num_seqs=args.batch, spec_policy="fixed")
-    cuda = engine.device.type == "cuda"
     runs = {"back_to_back": [], "sweeps": []}
     for i in range(args.profiles):
         for name in (("back_to_back", "sweeps") if i % 2 == 0 else ("sweeps", "back_to_back")):
-            runs[name].append(profile_ratios(engine.runner, args.batch, name == "sweeps", cuda))
+            runs[name].append(profile_ratios(engine.runner, args.batch, name == "sweeps"))
     summary = {name: {w: [min(r[w] for r in rows), max(r[w] for r in rows)] for w in WIDTHS[1:]}
                for name, rows in runs.items()}
     for name, spans in summary.items():

@@ -148,8 +148,14 @@ def probe_batches(max_batch: int, graph_sizes: list[int] | None) -> list[int]:
     return sizes + [max_batch]
 
 
-def measure(runner, widths, batches, reps: int, progress: bool,
-            budget_s: float = float("inf"), sweep: bool = True) -> CostProfile:
+def probe_settings(device: torch.device) -> tuple[int, float]:
+    """(runs a point, seconds after which a point stops at 2 runs) for ``measure`` on ``device``:
+    the fastest of 5 on CUDA; on the CPU the budgeted CPU_PROBE_REPS / CPU_PROBE_SECONDS."""
+    return (5, float("inf")) if device.type == "cuda" else (CPU_PROBE_REPS, CPU_PROBE_SECONDS)
+
+
+def measure(runner, widths, batches, reps: int, budget_s: float = float("inf"),
+            progress: bool = False, sweep: bool = True) -> CostProfile:
     """Times one round per (width, batch) on padding rows: after one warm-up of each width, up to
     ``reps`` sweeps over the widths (a width stops at 2 runs once its runs took ``budget_s``),
     and the fastest run of each point (the machine may be busy: the minimum is the round's
@@ -200,9 +206,7 @@ def load_or_measure(runner, widths, max_batch: int, identity: dict, cache_root: 
             cached.padded_sizes = sizes
             return cached
         batches = missing_b if not missing_w else batches
-    cuda = runner.device.type == "cuda"
-    fresh = measure(runner, widths, batches, 5 if cuda else CPU_PROBE_REPS, progress,
-                    float("inf") if cuda else CPU_PROBE_SECONDS)
+    fresh = measure(runner, widths, batches, *probe_settings(runner.device), progress=progress)
     if cached is not None:
         for w, row in fresh.seconds.items():
             cached.seconds.setdefault(w, {}).update(row)
