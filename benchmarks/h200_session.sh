@@ -80,6 +80,7 @@ DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --in
 # The compiler whose C++ runtime tests preload: the machine's torch loads an older libstdc++
 # first, and an exception thrown through it can crash (README); h200_branches.sh reads it too.
 export HOST_CXX=$(command -v c++ || echo /opt/gcc/bin/g++)
+CXX_LIB=$($HOST_CXX -print-file-name=libstdc++.so 2>/dev/null)  # the GPU tests' runtime (see data)
 t0=$(date +%s)
 [ -f $S/commit ] && export DSPINE_COMMIT=$(cat $S/commit)
 say() { echo "[$MODE $(( $(date +%s) - t0 ))s] $*" | tee -a $S/session.log; }
@@ -244,9 +245,12 @@ if [ "$MODE" = data ]; then
   # Beside them (the GPU has room): every GPU test, then memcheck over the kernel tests (not the
   # test that provokes the RoPE device assertion on purpose: memcheck counts it as errors).
   [ "${DATA_TESTS:-1}" = 1 ] && {  # DATA_TESTS=0: a short data call, tests already run on this commit
-  timeout 300 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
+  # On the compiler's libstdc++ (as the branch tests): the machine's torch loads an older one, and
+  # the first C++ exception of our extension then crashes the process (the bad-metadata test and
+  # memcheck's run of it in the 2026-12-04 session).
+  LD_PRELOAD=$CXX_LIB timeout 300 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; pack
-  timeout 90 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
+  LD_PRELOAD=$CXX_LIB timeout 90 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
     -k "(paged_attention or walk or block_verify or injection or rope) and not outside_the_table" > $R/logs/memcheck.log 2>&1
   say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
   quant_cpu_tests; }
@@ -268,7 +272,7 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   (cd /tmp/asan && DSPINE_CUDA=0 DSPINE_SANITIZE=address MAX_JOBS=4 setsid nohup python3 setup.py build_ext --inplace > $S/asan_build.log 2>&1; echo $? > $S/asan_build.rc) >/dev/null 2>&1 < /dev/null &
   wait_build
   convert_model >/dev/null || exit 1
-  timeout ${TEST_S:-300} python3 -m pytest -q -m gpu -n 8 tests -rf ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
+  LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-300} python3 -m pytest -q -m gpu -n 8 tests -rf ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
   quant_cpu_tests; pack
   while [ ! -f $S/asan_build.rc ]; do sleep 2; done
