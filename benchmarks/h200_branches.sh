@@ -23,9 +23,8 @@ mkdir -p "$OUTB"
 names() { ls -d $B/*/ 2>/dev/null | xargs -n1 basename 2>/dev/null; }
 # The GPU machine's torch loads an older libstdc++ than the compiler's: an exception whose message
 # formats a number then crashes the process (README). The branch tests run on the compiler's
-# (HOST_CXX: h200_session.sh's, which starts this script).
-: "${HOST_CXX:?run by h200_session.sh, which sets HOST_CXX}"
-cxx_lib=$($HOST_CXX -print-file-name=libstdc++.so 2>/dev/null)
+# (CXX_LIB: h200_session.sh's, which starts this script).
+cxx_lib=${CXX_LIB:?run by h200_session.sh, which sets CXX_LIB}
 
 if [ "$MODE" = build ]; then
   while [ ! -f $S/build.rc ]; do sleep 2; done

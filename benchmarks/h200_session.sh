@@ -77,10 +77,11 @@ TWIN=${TWIN:-dflash}  # fit: the twin; dflash (same batches, one process) or sof
                       # none (the DSpine alone, for the whole FIT_MIN)
 MIX=${MIX:-}  # prompt family shares for `dspine-train prompts --mix`, e.g. code=0.36,multiturn=0.16
 DRAFT_ARCH=${DRAFT_ARCH:---layers 5 --intermediate 768 --rank 256 --top-k 8 --init-from-target}
-# The compiler whose C++ runtime tests preload: the machine's torch loads an older libstdc++
-# first, and an exception thrown through it can crash (README); h200_branches.sh reads it too.
+# The compiler whose C++ runtime tests preload (CXX_LIB): the machine's torch loads an older
+# libstdc++ first, and an exception thrown through it can crash (README); h200_branches.sh reads
+# CXX_LIB too.
 export HOST_CXX=$(command -v c++ || echo /opt/gcc/bin/g++)
-CXX_LIB=$($HOST_CXX -print-file-name=libstdc++.so 2>/dev/null)  # the GPU tests' runtime (see data)
+export CXX_LIB=$($HOST_CXX -print-file-name=libstdc++.so 2>/dev/null)
 t0=$(date +%s)
 [ -f $S/commit ] && export DSPINE_COMMIT=$(cat $S/commit)
 say() { echo "[$MODE $(( $(date +%s) - t0 ))s] $*" | tee -a $S/session.log; }
@@ -151,12 +152,11 @@ quant_cpu_tests() {  # the quantised CPU kernels on this host's CPU (AVX-512 VNN
   # build crashes on its first C++ exception: the same tests on the compiler's libstdc++ tell a
   # runtime mismatch (the process loads an older libstdc++ first) from a code fault.
   if [ "$rc" = 139 ]; then
-    local lib; lib=$($HOST_CXX -print-file-name=libstdc++.so)
-    LD_PRELOAD=$lib timeout 200 python3 -m pytest -q \
+    LD_PRELOAD=$CXX_LIB timeout 200 python3 -m pytest -q \
       tests/test_quant_cpu.py -rf > $R/logs/quant_cpu_preload.log 2>&1
     say "quant cpu on the compiler's libstdc++ rc $? : $(tail -1 $R/logs/quant_cpu_preload.log)"
     python3 -c "from dspine_engine import ops; print('libstdc++ loaded:', {l.split()[-1] for l in
-      open('/proc/self/maps') if 'libstdc++' in l}, 'compiler:', '$lib')" \
+      open('/proc/self/maps') if 'libstdc++' in l}, 'compiler:', '$CXX_LIB')" \
       >> $R/logs/quant_cpu_preload.log 2>&1
   fi
 }
@@ -245,9 +245,8 @@ if [ "$MODE" = data ]; then
   # Beside them (the GPU has room): every GPU test, then memcheck over the kernel tests (not the
   # test that provokes the RoPE device assertion on purpose: memcheck counts it as errors).
   [ "${DATA_TESTS:-1}" = 1 ] && {  # DATA_TESTS=0: a short data call, tests already run on this commit
-  # On the compiler's libstdc++ (as the branch tests): the machine's torch loads an older one, and
-  # the first C++ exception of our extension then crashes the process (the bad-metadata test and
-  # memcheck's run of it in the 2026-12-04 session).
+  # On CXX_LIB, as the branch tests: without it the bad-metadata test's exception crashed its
+  # worker and memcheck's run (2026-12-04).
   LD_PRELOAD=$CXX_LIB timeout 300 python3 -m pytest -q -m gpu -n 4 tests -rf > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; pack
   LD_PRELOAD=$CXX_LIB timeout 90 compute-sanitizer --tool memcheck python3 -m pytest -q -x -m gpu tests/test_kernels_gpu.py \
@@ -276,7 +275,7 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
   quant_cpu_tests; pack
   while [ ! -f $S/asan_build.rc ]; do sleep 2; done
-  (cd /tmp/asan && PYTHONPATH=/tmp/asan:/root/site LD_PRELOAD=$($HOST_CXX -print-file-name=libasan.so):$($HOST_CXX -print-file-name=libstdc++.so) \
+  (cd /tmp/asan && PYTHONPATH=/tmp/asan:/root/site LD_PRELOAD=$($HOST_CXX -print-file-name=libasan.so):$CXX_LIB \
     ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:detect_odr_violation=0:alloc_dealloc_mismatch=0:log_path=$R/logs/asan \
     timeout 150 python3 -m pytest -q tests/test_quant_cpu.py -rf > $R/logs/quant_cpu_asan.log 2>&1); rc=$?
   say "asan build rc $(cat $S/asan_build.rc), quant cpu under asan rc $rc : $(tail -1 $R/logs/quant_cpu_asan.log)"

@@ -1,4 +1,5 @@
-# One-off diagnostic (not committed): GPU greedy lossless under each sm90 dispatch mode.
+# The 2026-12-04 one-off diagnostic, kept with its logs: GPU greedy lossless per sm90 dispatch mode
+# (run from the tree's root on a staged machine after `stage N N`, as a device call).
 cd /root/work
 export PYTHONPATH=/root/work:/root/site DSPINE_CACHE=/root/cache DSPINE_SMOLLM2_GGUF=/root/stage/smollm2.gguf
 export LD_PRELOAD=$(c++ -print-file-name=libstdc++.so)
