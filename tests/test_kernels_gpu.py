@@ -459,13 +459,19 @@ def test_paged_attention_sm90_matches_mma_path(case, dtype, monkeypatch):
 
 @needs_sm90
 def test_sm90_dispatch_heuristic_and_fallbacks(monkeypatch):
-    """Unset: a long prefill (row tiles fill the GPU) takes the sm90 path, a decode batch does
-    not. Forced on: fp32, head dim 256, sliding windows and decode still run the existing
+    """Unset (the default): even a long prefill stays on mma.sync (the heuristic depends on the
+    batch). auto: a long prefill (row tiles fill the GPU) takes the sm90 path, a decode batch
+    does not. Forced on: fp32, head dim 256, sliding windows and decode still run the existing
     kernels (correctly)."""
-    monkeypatch.delenv("DSPINE_ATTN_SM90", raising=False)
-    runs = [(("prefill_gqa4_hd128_2k", [2048], [2048], 32, 8, 128, 16, True, 0), torch.bfloat16, 1),
-            (("decode_gqa4", [1] * 4, [3000] * 4, 32, 8, 128, 16, True, 0), torch.bfloat16, 0)]
-    for case, dtype, expect in runs:
+    long_prefill = ("prefill_gqa4_hd128_2k", [2048], [2048], 32, 8, 128, 16, True, 0)
+    runs = [(None, long_prefill, torch.bfloat16, 0),
+            ("auto", long_prefill, torch.bfloat16, 1),
+            ("auto", ("decode_gqa4", [1] * 4, [3000] * 4, 32, 8, 128, 16, True, 0), torch.bfloat16, 0)]
+    for env, case, dtype, expect in runs:
+        if env is None:
+            monkeypatch.delenv("DSPINE_ATTN_SM90", raising=False)
+        else:
+            monkeypatch.setenv("DSPINE_ATTN_SM90", env)
         before = _sm90_launches()
         got, ref = _run_attention(case, dtype, seed=7)
         torch.cuda.synchronize()

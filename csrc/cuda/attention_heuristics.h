@@ -24,8 +24,12 @@ struct AttentionDevice {
   bool sm90_runnable;  // the sm_90a image of the kernel exists and runs on this device
 };
 
-// DSPINE_ATTN_SM90: -1 unset (heuristic), 0 never the sm90 path, 1 the sm90 path for every
-// shape it supports (tests compare the two paths on the same inputs with it).
+// DSPINE_ATTN_SM90: 0 (or unset) never the sm90 path, 1 the sm90 path for every shape it
+// supports (tests compare the two paths on the same inputs with it), auto the heuristic below.
+// Off by default: the heuristic looks at the whole batch (its tile count), so the same prompt
+// could be prefilled by wgmma in one batch and by mma.sync alone, and bf16 rounds the two
+// differently: a prompt's greedy answer would depend on its neighbours (docs/DECISIONS.md,
+// "Attention dispatch never depends on the batch").
 constexpr int kSm90Auto = -1;
 
 // Rows (query, head pairs) of the sm90 kernel's tile: 2 consumer warpgroups x 64 rows.

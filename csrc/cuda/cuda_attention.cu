@@ -2,6 +2,7 @@
 // the tensor-core instantiations dominate the build time, and this lets them compile in parallel.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "attention.cuh"
 #include "attention_heuristics.h"
@@ -19,12 +20,14 @@ static int forced_splits() {
   return env ? std::max(0, std::min(128, std::atoi(env))) : 0;
 }
 
-// DSPINE_ATTN_SM90=0 keeps every call off the Hopper wgmma kernel, =1 sends it every shape it
-// supports (attention_heuristics.h), unset lets the heuristic choose. Read at every call, like
-// DSPINE_ATTN_SPLITS (tests and kernel_bench.py compare both paths in one process).
+// DSPINE_ATTN_SM90 unset or 0 keeps every call off the Hopper wgmma kernel, =1 sends it every
+// shape it supports, =auto lets the batch-dependent heuristic choose (attention_heuristics.h says
+// why that is opt-in). Read at every call, like DSPINE_ATTN_SPLITS (tests and kernel_bench.py
+// compare both paths in one process).
 static int forced_sm90() {
   const char* env = std::getenv("DSPINE_ATTN_SM90");
-  if (!env || !*env) return gpu::kSm90Auto;
+  if (!env || !*env) return 0;
+  if (std::strcmp(env, "auto") == 0) return gpu::kSm90Auto;
   return std::atoi(env) != 0 ? 1 : 0;
 }
 
