@@ -169,7 +169,7 @@ def test_greedy_lossless_on_gpu(spec_engine, smollm2_dir, real_prompts):
     assert_greedy_lossless(
         spec_engine, lambda: Engine(smollm2_dir, device="cuda", max_num_seqs=32, progress=False,
                   kv_cache_tokens=GPU_KV_TOKENS),
-        real_prompts, params, one_by_one=8)
+        real_prompts, params, one_by_one=8, near_tie_model=smollm2_dir)
     assert pools_whole(spec_engine)
 
 

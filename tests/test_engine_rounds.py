@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from dspine_engine import Engine, SamplingParams
-from engine_rounds import pools_whole, prepared, running_after_rounds
+from engine_rounds import (NEAR_TIE_LOGITS, divergence_gaps, first_difference, pools_whole, prepared,
+                           running_after_rounds)
 from random_drafts import write_tiny_random_draft
 
 PROMPTS = [f"request {i}: " + "word " * (i % 7) for i in range(12)]
@@ -140,3 +141,26 @@ def test_admission_batch_waits_for_free_seats_and_changes_no_output(tiny_llama):
     # too, then both waiting requests join in one prefill step.
     assert running_1[:3] == [4, 3, 4]
     assert running_2[:5] == [4, 3, 3, 2, 4]
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_divergence_gaps_tell_a_tie_from_a_wrong_token(smollm2_engine, smollm2_dir):
+    """The GPU lossless tests' tie check (engine_rounds.divergence_gaps) on the default model:
+    our fp32 greedy token is transformers' best (gap ~0), a token swapped in for it is far from
+    the best, so a wrong accepted token cannot pass as a bf16 tie."""
+    prompt = "Write a haiku about the sea."
+    ref = smollm2_engine.generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))[0].token_ids
+    wrong = list(ref)
+    wrong[5] = 1234 if ref[5] != 1234 else 1235
+    gaps = divergence_gaps(smollm2_engine, smollm2_dir, [prompt], [wrong], [ref])
+    assert len(gaps) == 1
+    index, position, (ref_gap, wrong_gap) = gaps[0]
+    assert (index, position) == (0, 5)
+    assert ref_gap < 1e-3
+    assert wrong_gap > NEAR_TIE_LOGITS
+    assert divergence_gaps(smollm2_engine, smollm2_dir, [prompt], [ref], [ref]) == []
