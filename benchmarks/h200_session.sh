@@ -301,7 +301,7 @@ if [ "$MODE" = fit ]; then
   say "fit budget $FIT_MIN min"
   # A twin continues a pair: its DSpine half is the shipped drafter unless INIT_DRAFT says otherwise.
   [ -n "${INIT_TWIN:-}" ] && INIT_DRAFT=${INIT_DRAFT:-$W/dspine_engine/drafters/smollm2-135m-dspine}
-  init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup 50"
+  init="$DRAFT_ARCH"; [ -n "${INIT_DRAFT:-}" ] && init="--draft $INIT_DRAFT --warmup ${WARMUP:-50}"
   [ -n "${INIT_TWIN:-}" ] && init="$init --ablation-draft $INIT_TWIN"
   fit() {  # fit OUT LOG ARGS...: one dspine-train fit on this run's data (--device cuda: a GPU
     # CUDA cannot reach ends the fit at once instead of training on the CPU)
