@@ -11,7 +11,9 @@ the whole block; its rows carry "width".
 Writes accept_<device>.json (tau and acceptance by position per drafter / prompt set /
 temperature), accept_<device>_<set>_t<T>.png (the curves side by side) and, with
 --lossless N, lossless_<device>.json (greedy outputs of the first drafter vs plain decoding,
-batch 1 and batched, N prompts x 128 tokens, in the engine's dtype and in fp32).
+batch 1 and batched, N prompts x 128 tokens, in the engine's dtype and in fp32; in bf16/fp16
+each first difference with its tie gaps: how far below the target's best fp32 logit both tokens
+are, dspine_engine/lossless.py).
 """
 from __future__ import annotations
 
@@ -60,7 +62,7 @@ def acceptance_table(drafts, target, device, dtype, sets, temps, max_new, batch,
 def lossless_check(draft, target, device, n_prompts, out_dtype):
     """Greedy speculative vs greedy autoregressive, token by token."""
     from dspine_engine import Engine, SamplingParams
-    from dspine_engine.cli.bench import compare_outputs
+    from dspine_engine.lossless import compare_outputs
     from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
 
     prompts = humaneval_prompts()[: n_prompts // 2] + mtbench_prompts()[: n_prompts - n_prompts // 2]
@@ -68,6 +70,7 @@ def lossless_check(draft, target, device, n_prompts, out_dtype):
     report = {}
     for dtype in out_dtype:
         ar = Engine(target, device=device, dtype=dtype, progress=False, max_num_seqs=32)
+        model_dir, prompt_ids = ar.model_dir, [ar.encode_prompt(p) for p in prompts]
         ref_b1 = [ar.generate(p, params)[0].token_ids for p in prompts]
         ref_batch = [r.token_ids for r in ar.generate(prompts, params)]
         del ar
@@ -76,15 +79,32 @@ def lossless_check(draft, target, device, n_prompts, out_dtype):
         got_b1 = [sp.generate(p, params)[0].token_ids for p in prompts]
         got_batch = [r.token_ids for r in sp.generate(prompts, params)]
         del sp
-        report[dtype] = {
-            "spec_batch1_vs_ar_batch1": compare_outputs(ref_b1, got_b1),
-            "spec_batched_vs_ar_batched": compare_outputs(ref_batch, got_batch),
-            "ar_batched_vs_ar_batch1": compare_outputs(ref_b1, ref_batch),
-        }
-        print(f"lossless {dtype}: " + json.dumps({k: f"{v['identical']}/{v['total']}"
-                                                  for k, v in report[dtype].items()}),
-              file=sys.stderr)
+        pairs = {"spec_batch1_vs_ar_batch1": (ref_b1, got_b1),
+                 "spec_batched_vs_ar_batched": (ref_batch, got_batch),
+                 "ar_batched_vs_ar_batch1": (ref_b1, ref_batch)}
+        report[dtype] = {name: compare_outputs(ref, got) for name, (ref, got) in pairs.items()}
+        if dtype != "float32":  # what holds in half precision: differences only at near-ties
+            for name, (ref, got) in pairs.items():
+                report[dtype][name]["ties"] = tie_report(model_dir, prompt_ids, ref, got)
+        print(f"lossless {dtype}: " + json.dumps({k: f"{v['identical']}/{v['total']}" + (
+            f" (largest gap {v['ties']['largest_gap']})" if v.get("ties", {}).get("largest_gap") is not None else "")
+            for k, v in report[dtype].items()}), file=sys.stderr)
     return report
+
+
+def tie_report(model_dir, prompt_ids, ref, got) -> dict:
+    """The first differences' tie gaps (dspine_engine.lossless.tie_gaps): each one, the largest,
+    and whether all are near-ties; the error instead where the target cannot be read in fp32
+    by transformers (a GGUF-only target)."""
+    from dspine_engine.lossless import NEAR_TIE_LOGITS, all_near_ties, tie_gaps
+
+    try:
+        gaps = tie_gaps(model_dir, prompt_ids, ref, got)
+    except Exception as e:  # a report field, not a reason to lose the run's other numbers
+        return {"error": f"{type(e).__name__}: {e}"}
+    largest = max((max(d["gap_reference"], d["gap_other"]) for d in gaps), default=None)
+    return {"gaps": gaps, "largest_gap": largest, "limit": NEAR_TIE_LOGITS,
+            "all_near_ties": all_near_ties(gaps)}
 
 
 def device_tag(device: str | None) -> str:

@@ -7,6 +7,7 @@ import contextlib
 import warnings
 
 from dspine_engine import SamplingParams
+from dspine_engine.lossless import all_near_ties, tie_gaps
 
 # GPU tests run side by side (pytest -n) and beside other GPU jobs (the data generators): an
 # engine left to size its KV pool from the free memory (half of it) starves the next one, so
@@ -59,10 +60,9 @@ def assert_greedy_lossless(engine, ar_engine_factory, prompts, params, one_by_on
 
     ``near_tie_model`` (GPU runs: the target's directory) states what holds in bf16 (DECISIONS,
     "What lossless means on a GPU"): an output may leave the reference only where the two
-    candidate tokens tie within bf16 rounding, i.e. at its first differing position both are
-    within NEAR_TIE_LOGITS of the best fp32 logit of the target (transformers, an implementation
-    independent of ours). A verifier that accepted a wrong token fails it: the draft's token is
-    then far below the best."""
+    candidate tokens tie within bf16 rounding (dspine_engine.lossless: both within
+    NEAR_TIE_LOGITS of the target's best fp32 logit). A verifier that accepted a wrong token
+    fails it: the draft's token is then far below the best."""
     ar = ar_engine_factory()
     reference = [r.token_ids for r in ar.generate(prompts, params)]
     del ar
@@ -72,46 +72,9 @@ def assert_greedy_lossless(engine, ar_engine_factory, prompts, params, one_by_on
         if near_tie_model is None or got == ref:
             assert got == ref, name
             continue
-        gaps = divergence_gaps(engine, near_tie_model, prompts, got, ref)
-        report = f"{name}: {len(gaps)} of {len(ref)} prompts differ; (prompt, position, gaps) = {gaps}"
+        prompt_ids = [engine.encode_prompt(p) for p in prompts[:len(ref)]]
+        gaps = tie_gaps(near_tie_model, prompt_ids, ref, got)
+        report = f"{name}: {len(gaps)} of {len(ref)} outputs differ; first differences {gaps}"
         warnings.warn(report)  # the measured margins, in the summary also when the test passes
-        assert all(max(g) <= NEAR_TIE_LOGITS for _, _, g in gaps), report
+        assert all_near_ties(gaps), report
     return reference
-
-
-# Two fp32 logits this close are a tie for a bf16 forward: the default model's bf16 logits
-# differ from fp32 by ~0.1-0.3 (30 layers of bf16 rounding), so a 16-token verify and a
-# one-token decode can order them either way. A wrong accepted token is typically several
-# logits below the best.
-NEAR_TIE_LOGITS = 0.5
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first position where two token lists differ (the shorter one's end counts), or None."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def divergence_gaps(engine, model_dir, prompts, got, ref):
-    """For each output that differs from its reference: (prompt index, first differing position,
-    (best - logit of the reference's token, best - logit of the other token)) under the target's
-    fp32 logits after the prompt and the common prefix."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    gaps = []
-    for i, (g, r) in enumerate(zip(got, ref)):
-        pos = first_difference(g, r)
-        if pos is None or pos >= min(len(g), len(r)):
-            if pos is not None:
-                gaps.append((i, pos, (float("inf"), float("inf"))))  # a length difference: no tie
-            continue
-        ids = engine.encode_prompt(prompts[i]) + r[:pos]
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, -1]
-        best = logits.max().item()
-        gaps.append((i, pos, (round(best - logits[r[pos]].item(), 4), round(best - logits[g[pos]].item(), 4))))
-    return gaps

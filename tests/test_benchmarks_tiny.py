@@ -148,3 +148,22 @@ def test_cpu_attention_times_ours_and_sdpa_on_the_same_answer(tmp_path, capsys):
     for row in result["rows"]:
         assert row["ours_us"] > 0 and row["sdpa_us"] > 0 and row["rel_err_vs_sdpa"] < 1e-5
     assert "| mode | batch |" in capsys.readouterr().out
+
+
+def test_drafter_eval_tie_report(smollm2_engine, smollm2_dir, tmp_path):
+    """drafter_eval's half-precision lossless report: a swapped-in token is reported as no tie,
+    equal outputs as nothing to report, an unreadable target as an error field (the run's
+    other numbers survive it)."""
+    import drafter_eval
+    from dspine_engine import SamplingParams
+
+    prompt = "Name three rivers."
+    ids = [smollm2_engine.encode_prompt(prompt)]
+    ref = smollm2_engine.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True))[0].token_ids
+    wrong = ref[:3] + [ref[3] + 1] + ref[4:]
+    report = drafter_eval.tie_report(smollm2_dir, ids, [ref], [wrong])
+    assert report["gaps"][0]["first_difference_at_token"] == 3
+    assert report["largest_gap"] > report["limit"] and not report["all_near_ties"]
+    same = drafter_eval.tie_report(smollm2_dir, ids, [ref], [ref])
+    assert same["gaps"] == [] and same["largest_gap"] is None and same["all_near_ties"]
+    assert "error" in drafter_eval.tie_report(tmp_path / "missing", ids, [ref], [wrong])

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..lossless import compare_outputs
 from .generate import _positive_int, add_parallel_argument, format_lengths
 
 
@@ -159,16 +160,6 @@ def _sync(engine) -> None:
         import torch
 
         torch.cuda.synchronize(engine.device)
-
-
-def compare_outputs(ref: list[list[int]], got: list[list[int]]) -> dict:
-    """How many greedy outputs equal the reference, and where the others first differ."""
-    diffs = []
-    for i, (a, b) in enumerate(zip(ref, got)):
-        if a != b:
-            first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            diffs.append({"prompt": i, "first_difference_at_token": first})
-    return {"identical": len(ref) - len(diffs), "total": len(ref), "differences": diffs[:20]}
 
 
 def cmd_e2e(args) -> dict:
