@@ -53,6 +53,11 @@ struct PagedAttentionParams {
   float scale;
   int num_splits;
   int min_split_tiles;  // a non-empty split reads at least this many key tiles (split-KV only)
+  // Blocks of <= 16 rows on the row-tile variant too (DSPINE_ATTN_KEY_SPLIT=0): a diagnostic.
+  // The key split sums a row's keys in four warp slices merged at the end, the row tiles in one
+  // pass, so a decode row (key split) and the same row inside a verify block (row tiles) round
+  // differently; with this set both run the row tiles (benchmarks/gpu_row_exactness.py).
+  bool row_tiles_only;
 };
 
 // Keys [lo, hi] visible to the query at position pos (empty when hi < lo).
@@ -671,7 +676,7 @@ inline bool attention_uses_mma(bool half_precision, int head_dim) {
 // The key-split variant runs every call whose row tiles hold at most 16 rows (decode: the GQA
 // group; a short block of a small group).
 inline bool attention_key_split(const PagedAttentionParams& p) {
-  return static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads) <= mma_block_m(true);
+  return !p.row_tiles_only && static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads) <= mma_block_m(true);
 }
 
 inline int64_t attention_row_tiles(const PagedAttentionParams& p) {

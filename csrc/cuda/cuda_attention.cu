@@ -31,6 +31,13 @@ static int forced_sm90() {
   return std::atoi(env) != 0 ? 1 : 0;
 }
 
+// DSPINE_ATTN_KEY_SPLIT=0 runs blocks of <= 16 rows (decode) on the row-tile variant too (a
+// diagnostic of where a decode row and a verify row differ; attention.cuh, row_tiles_only).
+static bool row_tiles_only() {
+  const char* env = std::getenv("DSPINE_ATTN_KEY_SPLIT");
+  return env && *env && std::atoi(env) == 0;
+}
+
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
                            int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len) {
@@ -70,6 +77,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   p.window = static_cast<int>(window);
   p.causal = causal;
   p.scale = static_cast<float>(scale);
+  p.row_tiles_only = row_tiles_only();
   TORCH_CHECK(max_q_len * (p.q_heads / p.kv_heads) <= 64LL * 65535, "paged_attention: max_q_len is too large");
   at::Tensor workspace;
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
