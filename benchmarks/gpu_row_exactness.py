@@ -4,7 +4,8 @@ shapes (SmolLM2-135M: 9 query heads, 3 KV heads, head dim 64, hidden 576), bitwi
 1. attention: each row of a 16-token causal verify block against the same row decoded alone
    (one query, its position's keys) and inside a decode batch (one row of every sequence),
    under the attention knobs: default; DSPINE_ATTN_SPLITS=1 (one key split); DSPINE_ATTN_KEY_SPLIT=0
-   (decode rows on the row-tile variant, as verify rows); both;
+   (decode rows on the row-tile variant, as verify rows); both; DSPINE_ATTN_EXACT=1 (the
+   row-exact mode: row tiles split at absolute 256-key segments);
 2. GEMM (F.linear, cuBLAS): each row of a [16 b, K] verify input against the same row alone and
    inside the [b, K] decode batch, for the model's projection shapes.
 
@@ -31,7 +32,9 @@ GEMM_SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down
                "lm_head": (576, 49152)}
 KNOBS = {"default": {}, "one_split": {"DSPINE_ATTN_SPLITS": "1"},
          "row_tiles": {"DSPINE_ATTN_KEY_SPLIT": "0"},
-         "row_tiles_one_split": {"DSPINE_ATTN_KEY_SPLIT": "0", "DSPINE_ATTN_SPLITS": "1"}}
+         "row_tiles_one_split": {"DSPINE_ATTN_KEY_SPLIT": "0", "DSPINE_ATTN_SPLITS": "1"},
+         "exact": {"DSPINE_ATTN_EXACT": "1"}}
+KNOB_NAMES = sorted({name for env in KNOBS.values() for name in env})
 
 
 class PagedContexts:
@@ -85,7 +88,7 @@ def attention_table(batches, lo, hi, device) -> list[dict]:
     for batch in batches:
         ctx = PagedContexts(batch, lo, hi, seed=batch, device=device)
         for knob, env in KNOBS.items():
-            saved = {k: os.environ.get(k) for k in ("DSPINE_ATTN_SPLITS", "DSPINE_ATTN_KEY_SPLIT")}
+            saved = {k: os.environ.get(k) for k in KNOB_NAMES}
             for k in saved:
                 os.environ.pop(k, None)
             os.environ.update(env)

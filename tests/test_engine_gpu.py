@@ -176,15 +176,21 @@ def test_greedy_lossless_on_gpu(spec_engine, smollm2_dir, real_prompts):
     assert pools_whole(spec_engine)
 
 
+ROW_EXACT_KNOBS = {"row_tiles_one_split": {"DSPINE_ATTN_KEY_SPLIT": "0", "DSPINE_ATTN_SPLITS": "1"},
+                   "exact_segments": {"DSPINE_ATTN_EXACT": "1"}}
+
+
+@pytest.mark.parametrize("knobs", ROW_EXACT_KNOBS.values(), ids=ROW_EXACT_KNOBS.keys())
 def test_greedy_lossless_exactly_with_row_exact_attention(smollm2_dir, draft_dir, real_prompts,
-                                                          monkeypatch):
-    """With every attention row computed one way (DSPINE_ATTN_KEY_SPLIT=0: decode rows on the
-    row tiles, as verify rows; DSPINE_ATTN_SPLITS=1: no split count that follows the batch), a
-    verify row is bitwise the decoded row (benchmarks/gpu_row_exactness.py, H200: 100% of rows,
-    0% by default; cuBLAS's GEMMs are row-exact at these shapes already), so greedy speculative
-    output equals autoregressive output token for token, batched and alone, no tie allowed."""
-    monkeypatch.setenv("DSPINE_ATTN_KEY_SPLIT", "0")
-    monkeypatch.setenv("DSPINE_ATTN_SPLITS", "1")
+                                                          knobs, monkeypatch):
+    """With every attention row computed one way, a verify row is bitwise the decoded row
+    (benchmarks/gpu_row_exactness.py, H200: 100% of rows with decode on the row tiles and one key
+    split, 0% by default; cuBLAS's GEMMs are row-exact at these shapes already), so greedy
+    speculative output equals autoregressive output token for token, batched and alone, no tie
+    allowed. Two ways: the diagnostic knobs (DSPINE_ATTN_KEY_SPLIT=0, DSPINE_ATTN_SPLITS=1), and
+    the exact mode (DSPINE_ATTN_EXACT=1: row tiles at absolute key segments)."""
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     engine = Engine(smollm2_dir, draft=draft_dir, device="cuda", max_num_seqs=32, progress=False,
                     kv_cache_tokens=GPU_KV_TOKENS)

@@ -219,6 +219,51 @@ def test_paged_attention(case, dtype):
     assert rel_err_fp32(got, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ATTN_CASES, ids=ATTN_IDS)
+def test_paged_attention_exact_mode(case, dtype, monkeypatch):
+    """DSPINE_ATTN_EXACT=1 (row tiles split at absolute 256-key segments) against the reference,
+    on the same poisoned cases: no unseen key read, every mode, window and page size."""
+    monkeypatch.setenv("DSPINE_ATTN_EXACT", "1")
+    pad = 2 * case[4] * case[5] if ATTN_IDS.index(case[0]) % 2 else 0
+    got, ref = _run_attention(case, dtype, seed=50 + ATTN_IDS.index(case[0]), q_row_pad=pad)
+    assert rel_err_fp32(got, ref) < TOL[dtype]
+
+
+# (block tokens, context before it, window, q heads, kv heads, head dim): the default model's
+# heads, Qwen3-8B's, head dim 256, contexts on and across segment boundaries, a window.
+EXACT_ROWS = [(16, 70, 0, 9, 3, 64), (5, 1000, 0, 9, 3, 64), (7, 249, 0, 9, 3, 64),
+              (16, 600, 64, 9, 3, 64), (16, 2100, 0, 32, 8, 128), (16, 300, 0, 8, 2, 256)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,context,window,hq,hkv,d", EXACT_ROWS)
+def test_exact_mode_verify_rows_are_the_decoded_rows(n, context, window, hq, hkv, d, dtype,
+                                                     monkeypatch):
+    """Greedy speculative == autoregressive on the GPU rests on this: with DSPINE_ATTN_EXACT=1,
+    query i of a causal block (the verify) gets bit for bit what decoding it alone gets, what
+    decoding it beside another sequence gets, and what it gets under a wider table bound (a CUDA
+    graph's). The default kernels fail it (benchmarks/gpu_row_exactness.py: 0% of rows)."""
+    monkeypatch.setenv("DSPINE_ATTN_EXACT", "1")
+    other = context // 2 + 3
+    (q, kc, vc, bt, kl, cu, mq), _ = attention_inputs([n, 1], [context + n, other], hq, hkv, d, 16,
+                                                      dtype, DEV, 90 + n + window + d, window=window)
+    scale = 1 / math.sqrt(d)
+    block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, window, scale)
+    one, two = (torch.tensor(c, dtype=torch.int32, device=DEV) for c in ([0, 1], [0, 1, 2]))
+    bound = bt.shape[1] * 16
+    for i in range(n):
+        kv_i = context + i + 1
+        alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt[:1].clone(),
+                                    torch.tensor([kv_i], dtype=torch.int32, device=DEV), one, 1,
+                                    True, window, scale)
+        beside = ops.paged_attention(torch.cat([q[i:i + 1], q[n:n + 1]]), kc, vc, bt,
+                                     torch.tensor([kv_i, other], dtype=torch.int32, device=DEV), two,
+                                     1, True, window, scale, bound)
+        for name, got in (("alone", alone[0]), ("beside another sequence", beside[0])):
+            assert torch.equal(got.view(torch.int16), block[i].view(torch.int16)), f"query {i} of {n}, {name}"
+
+
 FP32_CASES = [c for c in ATTN_CASES if c[0] in (
     "prefill_varlen_gqa3", "prefill_window_hd256", "decode_gqa4_16k_split", "verify16_window_pages",
     "draft16_gqa6_hd256_window", "draft16_window_small", "page_size_1", "sliding_causal_odd")]

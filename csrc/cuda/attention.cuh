@@ -58,6 +58,10 @@ struct PagedAttentionParams {
   // pass, so a decode row (key split) and the same row inside a verify block (row tiles) round
   // differently; with this set both run the row tiles (benchmarks/gpu_row_exactness.py).
   bool row_tiles_only;
+  // Row-exact mode (DSPINE_ATTN_EXACT=1; attention_exact.h): > 0, split y reads the absolute key
+  // tiles [y * segment_tiles, (y + 1) * segment_tiles), so a row's keys fall into the same
+  // splits, summed the same way, in every call (whatever the batch, the block or the graph).
+  int segment_tiles;
 };
 
 // Keys [lo, hi] visible to the query at position pos (empty when hi < lo).
@@ -167,6 +171,12 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   // The real context decides how many splits get keys: each gets at least min_split_tiles, so a
   // grid planned for a long context (a graph captured at the cache's width) runs few, full
   // splits on a short one; the others stay empty and only report (max -inf, sum 0).
+  if (p.segment_tiles > 0) {  // row-exact mode: absolute segments, not shares of this tile's range
+    const int segment = static_cast<int>(blockIdx.y) * p.segment_tiles;
+    w.tile_begin = max(w.key_lo / C::kBlockN, segment);
+    w.tile_end = min(w.key_lo / C::kBlockN + tiles, segment + p.segment_tiles);
+    return w;
+  }
   int per_split = (tiles + p.num_splits - 1) / p.num_splits;
   if (per_split < p.min_split_tiles) per_split = p.min_split_tiles;
   w.tile_begin = w.key_lo / C::kBlockN + static_cast<int>(blockIdx.y) * per_split;
@@ -717,6 +727,36 @@ int mma_ctas_per_sm() {
     n = 1;
   slot.store(n, std::memory_order_relaxed);
   return n;
+}
+
+// Row-exact mode (DSPINE_ATTN_EXACT=1). By default a decode row runs the key-split variant and a
+// verify row the row tiles, each with a split count planned from the whole call, so the same row
+// is summed in different orders (benchmarks/gpu_row_exactness.py: 0% of verify rows equal the
+// decoded row on the H200). Here every call runs the row tiles, split at the absolute
+// kExactSegmentKeys-key segments of the context (as many as the call's bound on the context
+// needs; each starts a fresh online softmax, and the combine folds them in order, skipping the
+// empty ones exactly), so a row is computed one way whatever else the call holds: a verify row is
+// bitwise the decoded row, a sequence's rows do not depend on its batch or on a CUDA graph's
+// bound. Returns false, leaving p to the planner, where the bound needs more than kMaxSplits
+// segments (contexts past 32K keys), and off the tensor cores (the CUDA-core kernel walks a
+// row's keys in order in one warp: row-exact already).
+constexpr int kExactSegmentKeys = 256;
+
+template <typename T>
+bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len) {
+  if constexpr (std::is_same<T, float>::value) {
+    return false;
+  } else {
+    if (!attention_uses_mma(true, p.head_dim)) return false;
+    const int64_t bound = max_kv_len > 0 ? max_kv_len : static_cast<int64_t>(p.max_pages) * p.page_size;
+    const int64_t segments = (bound + kExactSegmentKeys - 1) / kExactSegmentKeys;
+    if (segments > kMaxSplits) return false;
+    p.row_tiles_only = true;  // before visit_mma_tile: it picks the variant
+    p.num_splits = segments > 1 ? static_cast<int>(segments) : 1;
+    p.min_split_tiles = 0;
+    visit_mma_tile<T>(p, [&](auto tile) { p.segment_tiles = kExactSegmentKeys / decltype(tile)::kBlockN; });
+    return true;
+  }
 }
 
 // Sets p.num_splits and p.min_split_tiles (1 and 0 off the tensor-core path). max_kv_len: a host

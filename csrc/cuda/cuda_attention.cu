@@ -38,6 +38,37 @@ static bool row_tiles_only() {
   return env && *env && std::atoi(env) == 0;
 }
 
+// DSPINE_ATTN_EXACT=1: row-exact attention (attention.cuh, plan_exact_segments): every row of
+// every call summed one way, so greedy speculative output equals autoregressive output token for
+// token on the GPU too. It overrides DSPINE_ATTN_SPLITS and the sm90 path (which never splits).
+static bool exact_rows() {
+  const char* env = std::getenv("DSPINE_ATTN_EXACT");
+  return env && *env && std::atoi(env) != 0;
+}
+
+// Launches the Hopper wgmma kernel where the dispatch (attention_heuristics.h) picks it for p;
+// false where the mma.sync or CUDA-core kernels run p instead.
+template <typename T>
+static bool launched_sm90(gpu::PagedAttentionParams& p) {
+  if constexpr (std::is_same<T, float>::value) {
+    return false;
+  } else {
+    const gpu::AttentionShape shape{true, p.head_dim, p.q_heads, p.kv_heads, p.batch, p.max_q_len, p.window};
+    const int forced = forced_sm90();
+    gpu::AttentionDevice dev{0, 0, num_sms(), false};
+    dev.cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor);
+    dev.cc_minor = device_attribute(cudaDevAttrComputeCapabilityMinor);
+    // Asked only where it could matter: the image query costs a runtime call on first use.
+    dev.sm90_runnable = forced != 0 && dev.cc_major == 9 && gpu::attention_sm90_supports(shape) &&
+                        gpu::attention_sm90_runnable<T>();
+    if (gpu::choose_attention_path(shape, dev, forced) != gpu::AttentionPath::kSm90) return false;
+    p.num_splits = 1;  // the sm90 kernel never splits keys
+    p.min_split_tiles = 0;
+    gpu::launch_attention_sm90<T>(p, stream());
+    return true;
+  }
+}
+
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
                            int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len) {
@@ -79,26 +110,13 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   p.scale = static_cast<float>(scale);
   p.row_tiles_only = row_tiles_only();
   TORCH_CHECK(max_q_len * (p.q_heads / p.kv_heads) <= 64LL * 65535, "paged_attention: max_q_len is too large");
+  const bool exact = exact_rows();
   at::Tensor workspace;
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (!std::is_same<T, float>::value) {
-      const gpu::AttentionShape shape{true, p.head_dim, p.q_heads, p.kv_heads, p.batch, p.max_q_len, p.window};
-      const int forced = forced_sm90();
-      gpu::AttentionDevice dev{0, 0, num_sms(), false};
-      dev.cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor);
-      dev.cc_minor = device_attribute(cudaDevAttrComputeCapabilityMinor);
-      // Asked only where it could matter: the image query costs a runtime call on first use.
-      dev.sm90_runnable = forced != 0 && dev.cc_major == 9 && gpu::attention_sm90_supports(shape) &&
-                          gpu::attention_sm90_runnable<T>();
-      if (gpu::choose_attention_path(shape, dev, forced) == gpu::AttentionPath::kSm90) {
-        p.num_splits = 1;  // the sm90 kernel never splits keys
-        p.min_split_tiles = 0;
-        gpu::launch_attention_sm90<T>(p, stream());
-        return;
-      }
-    }
-    gpu::plan_attention_splits<T>(p, num_sms(), max_kv_len, forced_splits());
+    if (!exact && launched_sm90<T>(p)) return;
+    if (!(exact && gpu::plan_exact_segments<T>(p, max_kv_len)))
+      gpu::plan_attention_splits<T>(p, num_sms(), max_kv_len, forced_splits());
     if (p.num_splits > 1) {
       workspace = at::empty({gpu::attention_workspace_floats(p)}, q.options().dtype(at::kFloat));
       gpu::bind_attention_workspace(p, workspace.data_ptr<float>());
