@@ -242,8 +242,8 @@ def test_exact_mode_verify_rows_are_the_decoded_rows(n, context, window, hq, hkv
                                                      monkeypatch):
     """Greedy speculative == autoregressive on the GPU rests on this: with DSPINE_ATTN_EXACT=1,
     query i of a causal block (the verify) gets bit for bit what decoding it alone gets, what
-    decoding it beside another sequence gets, and what it gets under a wider table bound (a CUDA
-    graph's). The default kernels fail it (benchmarks/gpu_row_exactness.py: 0% of rows)."""
+    decoding it beside another sequence gets, under table bounds that give other split counts
+    (a CUDA graph's full width; a table just wide enough). The default kernels fail it (benchmarks/gpu_row_exactness.py: 0% of rows)."""
     monkeypatch.setenv("DSPINE_ATTN_EXACT", "1")
     other = context // 2 + 3
     (q, kc, vc, bt, kl, cu, mq), _ = attention_inputs([n, 1], [context + n, other], hq, hkv, d, 16,
@@ -254,7 +254,9 @@ def test_exact_mode_verify_rows_are_the_decoded_rows(n, context, window, hq, hkv
     bound = bt.shape[1] * 16
     for i in range(n):
         kv_i = context + i + 1
-        alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt[:1].clone(),
+        # Alone with a table just wide enough (fewer segments: one below 256 keys, where the
+        # output is stored directly instead of folded), beside another sequence at the full bound.
+        alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt[:1, :(kv_i + 15) // 16].clone(),
                                     torch.tensor([kv_i], dtype=torch.int32, device=DEV), one, 1,
                                     True, window, scale)
         beside = ops.paged_attention(torch.cat([q[i:i + 1], q[n:n + 1]]), kc, vc, bt,
