@@ -15,13 +15,13 @@ Times are medians over CUDA-event timed runs with L2 flushed before each run (as
 step, where the other layers evict it). Writes benchmarks/results/kernels_<device>.json (or
 --out DIR) and prints a markdown table.
 
-    python benchmarks/kernel_bench.py [--quick] [--out DIR] [--sm90 auto|on|off|compare]
+    python benchmarks/kernel_bench.py [--quick] [--out DIR] [--sm90 auto|on|off|compare] [--exact]
 
 --sm90 picks the paged attention kernel on Hopper (DSPINE_ATTN_SM90; the engine's default is off):
 auto (the batch-dependent heuristic),
 on / off (the wgmma kernel wherever it applies / never), or compare: every attention row also
 times ours with it off and on (ours_mma_us, ours_sm90_us; ours_us stays the heuristic's), so one
-run measures before and after.
+run measures before and after. --exact adds ours in the row-exact mode per row (ours_exact_us).
 """
 from __future__ import annotations
 
@@ -298,7 +298,18 @@ def sm90_launches() -> int:
     return op() if op is not None else 0
 
 
-def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict, sm90: str = "auto") -> dict:
+def timed_exact(ours, timer: Timer) -> float:
+    """Ours in the row-exact mode (DSPINE_ATTN_EXACT=1: row tiles at absolute key segments),
+    what a row computed one way in every call costs against the default kernels."""
+    os.environ["DSPINE_ATTN_EXACT"] = "1"
+    try:
+        return timer(ours)
+    finally:
+        del os.environ["DSPINE_ATTN_EXACT"]
+
+
+def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict, sm90: str = "auto",
+                    exact: bool = False) -> dict:
     row = asdict(cfg)
     row.update(q_len=cfg.q_len, key_len=cfg.key_len, flops=attention_flops(cfg), bytes=attention_bytes(cfg))
     ours = ours_inputs(cfg)
@@ -312,6 +323,8 @@ def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict, sm90: str = "
             t = timer(ours)
             row[key] = t if mode == "0" or sm90_launches() > before else None  # None: not applicable
         set_sm90("auto")
+    if exact:
+        row["ours_exact_us"] = timed_exact(ours, timer)
     torch.cuda.empty_cache()
     row["sdpa_backend"], row["sdpa_us"] = best_sdpa(cfg, timer)
     row["flex_us"] = None
@@ -418,15 +431,15 @@ def markdown(result: dict) -> str:
              f"{c['bf16_matmul_TFLOPs']:.0f} TFLOP/s.", "",
              "Attention (bf16; ours: paged cache, page 16; SDPA/Flex: contiguous K/V of the visible keys):", "",
              "| shape | mode | ctx | window | batch | ours us | TFLOP/s | GB/s | %BW | %MMA | SDPA us (backend) "
-             "| Flex us | speedup | path | mma us | sm90 us |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| Flex us | speedup | path | mma us | sm90 us | exact us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["attention"]:
         lines.append(
             f"| {r['shape']} | {r['mode']} | {r['ctx']} | {r['window'] or '-'} | {r['batch']} | {fmt(r['ours_us'])} "
             f"| {fmt(r['ours_TFLOPs'])} | {fmt(r['ours_GBps'], '.0f')} | {fmt(100 * r['frac_bw'], '.0f')} "
             f"| {fmt(100 * r['frac_mma'], '.0f')} | {fmt(r['sdpa_us'])} ({r['sdpa_backend'] or '-'}) "
             f"| {fmt(r['flex_us'])} | {fmt(r['speedup_vs_best_alt'], '.2f')} | {r.get('ours_path', '-')} "
-            f"| {fmt(r.get('ours_mma_us'))} | {fmt(r.get('ours_sm90_us'))} |")
+            f"| {fmt(r.get('ours_mma_us'))} | {fmt(r.get('ours_sm90_us'))} | {fmt(r.get('ours_exact_us'))} |")
     if "injection" not in result:  # --attention-only
         return "\n".join(lines)
     inj = result["injection"]
@@ -455,6 +468,8 @@ def main(argv=None) -> int:
                         help="directory for kernels_<device>.json")
     parser.add_argument("--sm90", choices=["auto", "on", "off", "compare"], default="auto",
                         help="Hopper attention kernel: heuristic, forced on/off, or both timed per row")
+    parser.add_argument("--exact", action="store_true",
+                        help="also time ours in the row-exact mode (DSPINE_ATTN_EXACT=1) per row")
     args = parser.parse_args(argv)
     set_sm90(SM90_ENV["auto" if args.sm90 == "compare" else args.sm90])
     if not torch.cuda.is_available():
@@ -475,7 +490,7 @@ def main(argv=None) -> int:
         if args.max_minutes and time.monotonic() - start > 60 * args.max_minutes:
             result["truncated"] = f"{len(result['attention'])} of {len(cfgs)} configurations"
             break
-        result["attention"].append(bench_attention(cfg, timer, result["ceilings"], args.sm90))
+        result["attention"].append(bench_attention(cfg, timer, result["ceilings"], args.sm90, args.exact))
     if not args.attention_only:
         result["injection"] = bench_injection(timer)
         result["sampling"] = bench_sampling(timer, result["ceilings"])
