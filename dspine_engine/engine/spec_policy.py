@@ -102,6 +102,10 @@ class AutoPolicy:
         self._explore_budget = explore_budget
         self._since_drafted = 0
         self._plain_seconds = 0.0  # predicted time of the plain rounds since the last drafted
+        # ... in the profile's seconds: calibration may rescale every cost at once (a given
+        # profile may be in any unit), and a sum of seconds from before and after would not
+        # compare with a probe's predicted loss.
+        self._profile_plain = costs[0]
 
     def _use_costs(self, costs: np.ndarray) -> None:
         self._cost = dict(zip(self.widths, costs))
@@ -151,9 +155,10 @@ class AutoPolicy:
         """Counts a plain round; True when the next one should explore instead (a probe
         predicted to lose ``loss`` seconds against plain decoding)."""
         self._since_drafted += 1
-        self._plain_seconds += self._cost[1][b]
+        self._plain_seconds += self._profile_plain[b]
+        in_profile_seconds = loss * self._profile_plain[b] / self._cost[1][b]
         return (self._since_drafted >= self._interval
-                and loss <= self._explore_budget * self._plain_seconds)
+                and in_profile_seconds <= self._explore_budget * self._plain_seconds)
 
     def choose(self, seats: np.ndarray) -> tuple[int, np.ndarray]:
         """The round's width and the indices (into ``seats``) that verify at it; (1, all) when
