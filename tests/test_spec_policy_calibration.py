@@ -70,6 +70,17 @@ def test_a_key_needs_five_observations():
     assert cost(cal, 8, 1) == pytest.approx(3.0)
 
 
+def test_moves_of_the_median_under_one_percent_leave_the_table_alone():
+    """(Each change of the table costs the policy a rebuild of its rate terms.)"""
+    cal = CostCalibrator(FLAT, WIDTHS)
+    feed(cal, 1, 1, [1.0] * 5)
+    version = cal.version
+    feed(cal, 1, 1, [1.005] * 10)  # the median moves by 0.5%
+    assert cal.version == version and cost(cal, 1, 1) == pytest.approx(1.0)
+    feed(cal, 1, 1, [1.05] * 20)
+    assert cal.version > version and abs(math.log(cost(cal, 1, 1) / 1.05)) <= 0.01
+
+
 def test_nothing_moves_until_the_plain_step_is_known_then_every_width_moves_with_it():
     """The policy compares costs as ratios: a width's own correction waits for the plain step's;
     a width without observations keeps the profile's ratio to the plain step."""

@@ -31,6 +31,8 @@ from collections import deque
 
 import numpy as np
 
+TOLERANCE = 0.01  # in log units: a correction's change smaller than this is not applied
+
 
 def bucket(batch: int) -> int:
     """The bucket of a batch size: 0 for 1 (and 0), k for 2^(k-1) < batch <= 2^k."""
@@ -51,6 +53,7 @@ class CostCalibrator:
         self._bucket_of = np.array([bucket(m) for m in range(base.shape[1])])
         self._logs = [[deque(maxlen=window) for _ in range(buckets)] for _ in self.widths]
         self._count = np.zeros((len(self.widths), buckets), np.int64)  # all observations
+        self._known = np.zeros((len(self.widths), buckets), bool)  # min_observations reached
         self._factor = np.ones((len(self.widths), buckets))  # exp(median) of known keys
         self._min = min_observations
         self._plain_every, self._explore_every = plain_every, explore_every
@@ -69,21 +72,20 @@ class CostCalibrator:
         logs.append(math.log(seconds / self._base[j, batch]))
         self._count[j, k] += 1
         if len(logs) >= self._min:
-            self._factor[j, k] = math.exp(statistics.median(logs))
-            self.version += 1
-
-    def known(self) -> np.ndarray:
-        """``[widths, buckets]``: keys with enough observations for their own correction."""
-        return np.array([[len(q) >= self._min for q in row] for row in self._logs])
+            # Moves of the median under 1% are left out of the table: with noisy rounds it
+            # wanders that much nearly every round, and each change costs the policy a
+            # rebuild of its rate terms (~10 us of host time, as much as a plan).
+            median = statistics.median(logs)
+            if not self._known[j, k] or abs(median - math.log(self._factor[j, k])) > TOLERANCE:
+                self._factor[j, k], self._known[j, k] = math.exp(median), True
+                self.version += 1
 
     def factors(self) -> np.ndarray:
         """``[widths, buckets]``: what each key's profile cost is multiplied by (1 until the
         bucket's plain step is known; then a key's own correction if it has one, else the
         plain step's)."""
-        known = self.known()
-        plain = known[0]
-        own = np.where(known, self._factor, self._factor[0])
-        return np.where(plain, own, 1.0)
+        own = np.where(self._known, self._factor, self._factor[0])
+        return np.where(self._known[0], own, 1.0)
 
     def table(self) -> np.ndarray:
         """The calibrated ``base``: predicted seconds ``[widths, m]``."""
@@ -96,7 +98,7 @@ class CostCalibrator:
         unknown, else a neighbouring drafted width every ``explore_every``-th, else ``width``."""
         self._steered += 1
         k = bucket(batch)
-        if len(self._logs[0][k]) < self._min:
+        if not self._known[0, k]:
             return 1 if self._steered % self._plain_every == 0 else width
         if self._steered % self._explore_every:
             return width
