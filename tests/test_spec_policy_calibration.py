@@ -17,7 +17,7 @@ from dspine_engine.engine.cost_calibrator import CostCalibrator, bucket
 from dspine_engine.engine.verify_cost import CostProfile
 from random_drafts import write_tiny_random_draft
 from test_cli import _run
-from test_spec_policy import BLOCK, WIDTHS, policy, seqs
+from test_spec_policy import WIDTHS, policy, seqs
 from test_spec_policy_lossless import write_linear_profile
 
 MAX_BATCH = 8
