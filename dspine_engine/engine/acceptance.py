@@ -6,6 +6,17 @@ position the conditional acceptance ``a_j = P(d_j accepted | d_1..d_{j-1} accept
 seat's counts shrunk toward the engine-wide counts (themselves shrunk toward a neutral prior),
 and ``E(w) = 1 + sum_k prod_{j<=k} a_j`` is the tokens a round verifying ``w`` commits.
 
+By width: where a w-token round drafts from a w-token block (``draft_block="verified"``, the
+CPU) the proposals, so their acceptance by position, depend on w (measured on the CPU, greedy:
+d1..d3 accepted 0.739 / 0.500 / 0.383 of rounds at w = 4, 0.711 / 0.438 / 0.325 at w = 8), and
+counts pooled over widths priced an 8-token round with the 4-token rounds' d1..d3. So the
+engine-wide counts are also kept per drafted width (each forgotten when its width is observed),
+and a width's estimate is the seat's pooled ``a_j`` times the width's factor (at most 1): its
+hits at position j over the hits the pooled rate predicts for its tries there, both plus
+``width_weight`` pseudo-hits. So a request's own level, the drafter's dependence on the width;
+the factor is 1 for a width not observed yet, for one that holds all observations, and where
+nothing was hit; with whole-block drafting the factors stay near 1.
+
 The policy reads these every round between two forwards, on the host, where a numpy call costs
 about a microsecond whatever its size: so the state is laid out for few calls, not for reading.
 The tried and hit counts are one array; the running batch's rows are held apart, in batch order,
@@ -41,7 +52,7 @@ def observation_table(width: int, drafts: int) -> np.ndarray:
 class AcceptanceStats:
     def __init__(self, block: int, widths: list[int], max_seats: int, prior: float,
                  prior_weight: float, global_weight: float, forget: float,
-                 global_forget: float):
+                 global_forget: float, width_weight: float = 8.0):
         self.drafts = drafts = block - 1
         self._counts = np.zeros((max_seats + 1, 2, drafts))  # per seat: tried, hit
         self._owner = np.full(max_seats + 1, None, object)  # the seat's sequence
@@ -61,8 +72,20 @@ class AcceptanceStats:
         self._shrink_stale = True
         self.prior_weight, self.forget_rate, self.global_forget = prior_weight, forget, \
             global_forget
-        self._observed = {w: observation_table(w, drafts) for w in widths if w > 1}
-        self._cols = np.array([w for w in widths if w > 1]) - 2  # E(w) - 1 = cumsum(reach)[w - 2]
+        drafted = [w for w in widths if w > 1]
+        self._observed = {w: observation_table(w, drafts) for w in drafted}
+        self._cols = np.array(drafted) - 2  # E(w) - 1 = cumsum(reach)[w - 2]
+        # The engine-wide counts per drafted width, and each width's factor on a_j (a last row
+        # of ones: a width that is none of them, which drafts from another block, is pooled).
+        self.width_weight = float(width_weight)
+        self._width_index = {w: i for i, w in enumerate(drafted)}
+        self._by_width = np.zeros((len(drafted), 2, drafts))
+        self._factor = np.ones((len(drafted) + 1, 1, drafts))
+        self._rows_all = np.arange(len(drafted))
+        # A width's factor row in expected(widths=...): its own, else the next wider drafted
+        # width's (the block it would be drafted from is not known), else the ones.
+        self._factor_row = {w: next((i for i, v in enumerate(drafted) if v >= w), len(drafted))
+                            for w in range(2, block + 1)}
 
     # ----------------------------------------------------------------- a round
     def begin_round(self, seqs) -> np.ndarray:
@@ -89,8 +112,12 @@ class AcceptanceStats:
                 self._put_back()
                 self._counts[seats] += seen
                 self._rows = self._counts[self._seats]
+        total = seen[0] if len(seen) == 1 else seen.sum(0)  # (one row: no reduction)
         self._global *= self.global_forget
-        self._global += seen[0] if len(seen) == 1 else seen.sum(0)  # (one row: no reduction)
+        self._global += total
+        mine = self._by_width[self._width_index[width]]
+        mine *= self.global_forget
+        mine += total
         self._shrink_stale = True
 
     def counts(self, seats: np.ndarray) -> np.ndarray:
@@ -117,21 +144,43 @@ class AcceptanceStats:
         both = self._global + self._global_prior
         return both[HIT] / both[TRIED]
 
+    def width_acceptance(self) -> np.ndarray:
+        """Engine-wide conditional acceptance by position of each drafted width (the pooled
+        estimate times the width's factor), ``[drafted widths, drafts]``."""
+        self._shrink_now()
+        return np.minimum(self.global_acceptance() * self._factor[:-1, 0], 1.0)
+
     def expected(self, counts: np.ndarray, widths=None) -> np.ndarray:
         """``E[j, i]``: tokens committed by the sequence of ``counts[i]`` verifying
         ``widths[j]`` tokens (each > 1; default the drafted widths the stats were built for),
-        ``[len(widths), b]``. Array methods, not numpy's functions: their wrappers cost more
-        than the work at these sizes."""
-        cols = self._cols if widths is None else np.asarray(widths) - 2
+        ``[len(widths), b]``: the seat's a_j times the width's factor, at most 1. Array
+        methods, not numpy's functions: their wrappers cost more than the work at these
+        sizes."""
+        if widths is None:
+            rows, cols = self._rows_all, self._cols
+        else:
+            rows = np.array([self._factor_row[w] for w in widths])
+            cols = np.asarray(widths) - 2
         shrunk = counts + self._shrink_now()
-        reach = (shrunk[:, HIT] / shrunk[:, TRIED]).cumprod(1)  # P(d_1..d_k accepted)
-        gains = reach.cumsum(1).T.take(cols, 0)
+        accept = (shrunk[:, HIT] / shrunk[:, TRIED]) * self._factor.take(rows, 0)  # [w, b, j]
+        accept.clip(None, 1.0, out=accept)
+        reach = accept.cumprod(2)  # P(d_1..d_k accepted)
+        gains = reach.cumsum(2)[self._rows_all if widths is None else np.arange(len(cols)), :,
+                                cols]
         gains += 1
         return gains
 
     def _shrink_now(self) -> np.ndarray:
         if self._shrink_stale:
-            np.multiply(self.global_acceptance(), self.prior_weight, out=self._shrink[HIT])
+            pooled = self.global_acceptance()
+            np.multiply(pooled, self.prior_weight, out=self._shrink[HIT])
+            # A width's factor: its hits over the hits the pooled counts' rate predicts for its
+            # tries, each plus width_weight (1 for a width never observed, for one that holds
+            # every observation, and wherever nothing was hit yet).
+            by_width, k, both = self._by_width, self.width_weight, self._global
+            rate = both[HIT] / np.maximum(both[TRIED], 1e-9)
+            np.divide(by_width[:, HIT] + k, by_width[:, TRIED] * rate + k,
+                      out=self._factor[:-1, 0])
             self._shrink_stale = False
         return self._shrink
 

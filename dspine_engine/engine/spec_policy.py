@@ -9,7 +9,9 @@ whole block). `AutoPolicy` (dynamic verification) plans each round from two thin
   ``a_j = P(d_j accepted | d_1..d_{j-1} accepted)``, counted online per request and shrunk
   toward the engine-wide counts (the drafter's global statistics, themselves starting from a
   neutral prior), with exponential forgetting, so a request that stopped being verified drifts
-  back to the global estimate and is tried again (acceptance.py).
+  back to the global estimate and is tried again; per verify width, the engine-wide acceptance
+  of that width's rounds as a factor on it (a w-token round may draft from a w-token block,
+  whose proposals depend on w: acceptance.py).
 
 A round verifies ``w`` tokens per sequence (the anchor + ``w - 1`` drafts; ``w = 1`` is a
 plain decode step), ``w`` from a few buckets so CUDA graphs apply. The plan is at most two
@@ -80,14 +82,15 @@ class AutoPolicy:
                  max_batch: int, prior: float = 0.5, prior_weight: float = 4.0,
                  global_weight: float = 2.0, forget: float = 0.97, global_forget: float = 0.999,
                  explore_interval: int = 8, max_explore_interval: int = 1024,
-                 explore_budget: float = 0.02, calibrate: bool = False):
+                 explore_budget: float = 0.02, calibrate: bool = False,
+                 width_weight: float = 8.0):
         if 1 not in widths or any(w > block for w in widths):
             raise ValueError(f"verify widths {widths} must include 1 and not exceed the block "
                              f"of {block}")
         cost.check(widths)
         self.widths = sorted(widths)
         self.stats = AcceptanceStats(block, self.widths, max_seats, prior, prior_weight,
-                                     global_weight, forget, global_forget)
+                                     global_weight, forget, global_forget, width_weight)
         # One row per width of predicted seconds of a round of m sequences (m = 0..max);
         # _cost[w] is width w's row, _drafted_cost the drafted widths' rows (one array, so a
         # plan scores every width at once).
