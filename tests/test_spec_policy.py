@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from dspine_engine.engine.acceptance import FACTOR_EVERY
 from dspine_engine.engine.config import EngineConfig
 from dspine_engine.engine.spec_policy import AutoPolicy, FixedPolicy, verify_widths
 from dspine_engine.engine.verify_cost import (CostProfile, CostProfileError, build_fingerprint,
@@ -136,15 +137,23 @@ def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0
     from the whole ``log`` of plans (a new request on a seat starts from zero; a planned seat
     forgets) and observations (drafts 1..min(accepted + 1, k) tried, the first accepted hit),
     the engine-wide counts also per width (forgotten when the width is observed), a width's
-    factor on a_j its hits over those the pooled rate predicts for its tries, both plus
-    width_weight (a width that is not a bucket: the next wider bucket's): the statistics
+    factor on a_j (refreshed at a plan once FACTOR_EVERY drafted rounds were observed since
+    the last refresh) its hits over those the pooled rate predicts for its tries, both plus
+    width_weight (a width that is not a bucket: the next wider bucket's), E(w) at most w: the statistics
     AutoPolicy keeps, without its arrays."""
     drafts = BLOCK - 1
     tried, hit, owner = {}, {}, {}
     g_tried, g_hit = [0.0] * drafts, [0.0] * drafts
     w_tried = {w: [0.0] * drafts for w in WIDTHS if w > 1}
     w_hit = {w: [0.0] * drafts for w in WIDTHS if w > 1}
+    factor = {w: [1.0] * drafts for w in w_hit}
+    observed = 0  # drafted observations since the factors were last refreshed
     for event in log:
+        if event[0] == "plan" and observed >= FACTOR_EVERY:
+            observed = 0  # a plan reads the estimates: the factors are refreshed first
+            rate = [h / max(t, 1e-9) for t, h in zip(g_tried, g_hit)]
+            factor = {w: [(w_hit[w][j] + width_weight) / (w_tried[w][j] * rate[j] + width_weight)
+                          for j in range(drafts)] for w in w_tried}
         if event[0] == "plan":
             for s in event[1]:
                 if owner.get(s.seat) is not s:
@@ -155,6 +164,7 @@ def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0
         _, seats, width, accepted = event
         if width == 1:
             continue
+        observed += 1
         g_tried, g_hit = [global_forget * t for t in g_tried], [global_forget * h for h in g_hit]
         w_tried[width] = [global_forget * t for t in w_tried[width]]
         w_hit[width] = [global_forget * h for h in w_hit[width]]
@@ -167,9 +177,6 @@ def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0
                 g_hit[j] += j < n
                 w_hit[width][j] += j < n
     g = [(h + global_weight * prior) / (t + global_weight) for t, h in zip(g_tried, g_hit)]
-    rate = [h / max(t, 1e-9) for t, h in zip(g_tried, g_hit)]
-    factor = {w: [(w_hit[w][j] + width_weight) / (w_tried[w][j] * rate[j] + width_weight)
-                  for j in range(drafts)] for w in w_tried}
     expected = []
     for s in batch:
         row = [1.0]
@@ -178,9 +185,9 @@ def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0
             tokens, reach = 1.0, 1.0
             for j in range(k):
                 a = (hit[s.seat][j] + prior_weight * g[j]) / (tried[s.seat][j] + prior_weight)
-                reach *= min(a * f[j], 1.0)
+                reach *= a * f[j]
                 tokens += reach
-            row.append(tokens)
+            row.append(min(tokens, k + 1.0))
         expected.append(row)
     return np.array(expected)
 
