@@ -7,7 +7,7 @@ concurrency 1 on the same prompts, in four configurations, each one engine kept 
 runs (acceptance statistics and calibration carry over from run to run, as in a server):
 
   measured      the measured profile, no calibration
-  measured+cal  the measured profile, calibrated online (the default)
+  measured+cal  the measured profile, calibrated online (opt-in: spec_calibration=True)
   wrong         the scaled profile, no calibration
   wrong+cal     the scaled profile, calibrated online
 

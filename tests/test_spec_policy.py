@@ -139,8 +139,8 @@ def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0
     the engine-wide counts also per width (forgotten when the width is observed), a width's
     factor on a_j (refreshed at a plan once FACTOR_EVERY drafted rounds were observed since
     the last refresh) its hits over those the pooled rate predicts for its tries, both plus
-    width_weight (a width that is not a bucket: the next wider bucket's), E(w) at most w: the statistics
-    AutoPolicy keeps, without its arrays."""
+    width_weight (a width that is not a bucket: the next wider bucket's), E(w) at most w: the
+    statistics AutoPolicy keeps, without its arrays."""
     drafts = BLOCK - 1
     tried, hit, owner = {}, {}, {}
     g_tried, g_hit = [0.0] * drafts, [0.0] * drafts

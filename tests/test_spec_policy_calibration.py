@@ -173,7 +173,7 @@ def test_greedy_lossless_with_calibration(quant_prompts, quant_params, quant_ref
     times: forced plain rounds, neighbours and the corrected choices all give the target's
     tokens, batched and at batch 1."""
     eng = Engine(None, draft="default", device="cpu", dtype="gguf", progress=False,
-                 max_num_seqs=4, spec_policy="auto",
+                 max_num_seqs=4, spec_policy="auto", spec_calibration=True,
                  spec_cost_profile=str(write_linear_profile(tmp_path / "flat.json", 0.0)))
     assert eng.policy.calibrator is not None
     assert [r.token_ids for r in eng.generate(quant_prompts, quant_params)] == quant_reference
@@ -187,16 +187,16 @@ def test_greedy_lossless_with_calibration(quant_prompts, quant_params, quant_ref
 
 
 def test_the_setting_is_checked_and_reaches_the_policy(tiny_llama, tmp_path):
-    assert EngineConfig().spec_calibration is True
+    assert EngineConfig().spec_calibration is False  # opt-in (DECISIONS: measured slower)
     with pytest.raises(ValueError, match="spec_calibration must be True or False"):
         EngineConfig.from_kwargs(None, spec_calibration="no")
     draft = write_tiny_random_draft(tmp_path / "draft", seed=3)
     profile = str(write_linear_profile(tmp_path / "p.json", 0.1))
     kw = dict(draft=draft, progress=False, max_num_seqs=2, spec_policy="auto",
               spec_cost_profile=profile)
-    off = Engine(tiny_llama, spec_calibration=False, **kw)
+    off = Engine(tiny_llama, **kw)  # the default
     assert off.policy.calibrator is None and off.calibrated_costs() is None
-    on = Engine(tiny_llama, **kw)
+    on = Engine(tiny_llama, spec_calibration=True, **kw)
     assert on.calibrated_costs() is None  # nothing observed yet
     on.generate("Hello there", None)
     assert sum(on.calibrated_costs()["observations"].values()) > 0
@@ -209,16 +209,16 @@ def test_the_cli_flag_reaches_the_engine_settings(parser):
 
     build = {"generate": generate.build_parser, "serve": serve.build_parser}[parser]
     assert spec_settings(build().parse_args(["hi"] * (parser == "generate")))[
-        "spec_calibration"] is True
-    args = build().parse_args(["--no-spec-calibration"] + ["hi"] * (parser == "generate"))
-    assert spec_settings(args)["spec_calibration"] is False
+        "spec_calibration"] is False
+    args = build().parse_args(["--spec-calibration"] + ["hi"] * (parser == "generate"))
+    assert spec_settings(args)["spec_calibration"] is True
 
 
 def test_bench_e2e_takes_the_flag():
     from dspine_engine.cli.bench import build_parser
 
-    assert build_parser().parse_args(["e2e"]).no_spec_calibration is False
-    assert build_parser().parse_args(["e2e", "--no-spec-calibration"]).no_spec_calibration
+    assert build_parser().parse_args(["e2e"]).spec_calibration is False
+    assert build_parser().parse_args(["e2e", "--spec-calibration"]).spec_calibration
 
 
 def test_generate_json_stats_carry_the_calibrated_costs(tiny_llama, tmp_path):
@@ -227,8 +227,8 @@ def test_generate_json_stats_carry_the_calibrated_costs(tiny_llama, tmp_path):
             str(tmp_path / "draft"), "--max-new-tokens", "20", "--quiet", "--json-stats", "Hi"]
     env = {"DSPINE_CACHE": str(tmp_path / "cache")}
     stats = [json.loads(out.stderr.strip().splitlines()[-1])
-             for out in (_run(base, env_extra=env),
-                         _run(base + ["--no-spec-calibration"], env_extra=env))]
+             for out in (_run(base + ["--spec-calibration"], env_extra=env),
+                         _run(base, env_extra=env))]
     costs = stats[0]["calibrated_costs"]
     assert costs["costs"]["1"] == 1.0 and set(costs["costs"]) == {"1", "2", "4", "8", "16"}
     assert sum(costs["observations"].values()) == stats[0]["rounds"]

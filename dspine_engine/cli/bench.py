@@ -7,7 +7,7 @@
       output tokens/s of autoregressive decoding and of each draft (under each verification
       policy), same prompts, one run; greedy outputs of every draft run are compared with the
       autoregressive ones; rows carry the drafts verified per round (verify_lengths) and the
-      auto policy's calibrated round costs (calibrated_costs; --no-spec-calibration: none).
+      auto policy's calibrated round costs (calibrated_costs, with --spec-calibration).
 """
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drafts verified per round (fixed) or at most (auto); default block - 1")
     e.add_argument("--reprofile", action="store_true",
                    help="measure the verify-cost profile again instead of reading the cache")
-    e.add_argument("--no-spec-calibration", action="store_true",
-                   help="plan from the verify-cost profile as measured (auto policy) instead of "
-                        "correcting it online from the rounds' observed times")
+    e.add_argument("--spec-calibration", action="store_true",
+                   help="correct the verify-cost profile online from the rounds' observed times "
+                        "(auto policy) instead of planning from it as measured")
     return p
 
 
@@ -190,7 +190,7 @@ def cmd_e2e(args) -> dict:
                         progress=not args.quiet, max_num_seqs=max(args.concurrency),
                         spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
                         reprofile=args.reprofile and path is not None,
-                        spec_calibration=not args.no_spec_calibration,
+                        spec_calibration=args.spec_calibration,
                         tensor_parallel_size=args.tensor_parallel_size)
         for c in args.concurrency:
             row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet,

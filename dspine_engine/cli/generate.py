@@ -41,7 +41,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
-    """--spec-policy, --num-speculative-tokens, --reprofile, --no-spec-calibration,
+    """--spec-policy, --num-speculative-tokens, --reprofile, --spec-calibration,
     --draft-block (generate, serve)."""
     p.add_argument("--spec-policy", choices=("auto", "fixed"), default="auto",
                    help="how many drafts a round verifies: 'auto' (default) chooses per round "
@@ -55,9 +55,10 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reprofile", action="store_true",
                    help="measure the verify-cost profile again (auto policy) instead of "
                         "reading the cached one")
-    p.add_argument("--no-spec-calibration", action="store_true",
-                   help="plan from the verify-cost profile as measured (auto policy); by "
-                        "default it is corrected online from the rounds' observed times")
+    p.add_argument("--spec-calibration", action="store_true",
+                   help="correct the verify-cost profile online from the rounds' observed "
+                        "times (auto policy); by default the policy plans from the profile as "
+                        "measured")
     p.add_argument("--draft-block", choices=("auto", "full", "verified"), default="auto",
                    help="what a draft forward runs over: 'full' the whole block, 'verified' "
                         "the drafts the round verifies only (proposals change a little, output "
@@ -85,7 +86,7 @@ def _positive_int(text: str) -> int:
 def spec_settings(args) -> dict:
     """The Engine keywords of the verification flags."""
     return dict(spec_policy=args.spec_policy, num_speculative_tokens=args.num_speculative_tokens,
-                reprofile=args.reprofile, spec_calibration=not args.no_spec_calibration,
+                reprofile=args.reprofile, spec_calibration=args.spec_calibration,
                 draft_block=args.draft_block)
 
 

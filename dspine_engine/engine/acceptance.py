@@ -13,8 +13,9 @@ counts pooled over widths priced an 8-token round with the 4-token rounds' d1..d
 engine-wide counts are also kept per drafted width (each forgotten when its width is observed),
 and a width's estimate is the seat's pooled ``a_j`` times the width's factor: its hits at
 position j over the hits the pooled rate predicts for its tries there, both plus
-``width_weight`` pseudo-hits (E(w) capped at w: a seat's a_j times a factor above 1 may pass 1). So a request's own level, the drafter's dependence on the width;
-the factor is 1 for a width not observed yet, for one that holds all observations, and where
+``width_weight`` pseudo-hits (E(w) capped at w: a seat's a_j times a factor above 1 may pass
+1). The request keeps its own level; the dependence on the width is the drafter's, learnt
+from every request. The factor is 1 for a width not observed yet, for one that holds all observations, and where
 nothing was hit; with whole-block drafting the factors stay near 1. The factors are refreshed
 every ``FACTOR_EVERY`` drafted observations (when an estimate is next read), not every round:
 they follow hundreds of rounds, and refreshing them is most of their host cost.

@@ -42,8 +42,9 @@ class EngineConfig:
     spec_cost_profile: str | None = None  # "auto": a cost-profile JSON to use instead of probing
     reprofile: bool = False  # "auto": measure the verify cost again (replacing the cached one)
     # "auto": correct the cost profile online from the rounds' observed times
-    # (cost_calibrator.py); False plans from the profile as measured or given.
-    spec_calibration: bool = True
+    # (cost_calibrator.py; opt-in: on the CPU it did not beat the measured profile, DECISIONS.md
+    # "Online calibration"); False plans from the profile as measured or given.
+    spec_calibration: bool = False
     # What a draft forward runs over: "full" the whole block (what the drafter was trained on),
     # "verified" the anchor and the drafts the round verifies alone (a w-token round drafts
     # from a w-token block: its attention is bidirectional, so proposals change a little, the

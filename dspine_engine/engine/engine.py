@@ -164,9 +164,9 @@ class Engine:
         draft, ``spec_policy`` "fixed" (default) verifies ``num_speculative_tokens`` drafts every
         round (default: the whole block) and "auto" chooses per round and sequence from a
         measured cost model (cached; ``reprofile=True`` measures again, ``spec_cost_profile``
-        reads a given profile) and each request's acceptance (spec_policy.py); the profile is
-        corrected online from the rounds' observed times unless ``spec_calibration=False``
-        (cost_calibrator.py; `calibrated_costs()` reports it).
+        reads a given profile) and each request's acceptance (spec_policy.py); with
+        ``spec_calibration=True`` (opt-in) the profile is corrected online from the rounds'
+        observed times (cost_calibrator.py; `calibrated_costs()` reports it).
         ``draft_block`` says what a draft forward runs over: "full" (the whole block), "verified"
         (the anchor and the drafts the round verifies: cheaper where rows cost, proposals change
         a little, output never) or "auto" (default: verified on the CPU, full on CUDA).

@@ -219,7 +219,7 @@ class AutoPolicy:
 def build_policy(config, runner, identity: dict, progress: bool):
     """The engine's policy: None without a draft; for ``auto`` the cost profile comes from
     ``config.spec_cost_profile``, else from the cache (measured now if missing or if
-    ``config.reprofile``), calibrated online unless ``config.spec_calibration`` is False."""
+    ``config.reprofile``), calibrated online when ``config.spec_calibration`` (opt-in)."""
     from ..models.default_model import cache_dir
     from .verify_cost import CostProfile, load_or_measure
 
