@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -47,6 +48,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from common import RESULTS, markdown_table, run_info, save_json, update_doc_section  # noqa: E402
 
 from dspine_engine import Engine, SamplingParams, ops  # noqa: E402
+from dspine_engine.engine.config import EngineConfig  # noqa: E402
 from dspine_engine.models.dspine import DSpineDraft  # noqa: E402
 from dspine_engine.models.target import TargetModel  # noqa: E402
 from test_spec_policy_lossless import write_linear_profile  # noqa: E402
@@ -262,9 +264,13 @@ def run_rows(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model, draft = build_models(Path(tmp))
-        # A flat cost: every width costs a decode step, so the policy verifies whole blocks.
+        # A flat cost: every width costs a decode step, so the policy verifies whole blocks
+        # (uncalibrated where calibration exists: it steers some rounds to plain and
+        # neighbouring widths; older commits have no such setting).
         auto = dict(spec_policy="auto", spec_cost_profile=str(
             write_linear_profile(Path(tmp) / "flat_cost.json", per_token=0.0)))
+        if "spec_calibration" in {f.name for f in dataclasses.fields(EngineConfig)}:
+            auto["spec_calibration"] = False
         with stubbed_forwards(ACCEPTED):
             for mode in args.modes:
                 for b in args.batches:

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from dspine_engine.engine.acceptance import FACTOR_EVERY
 from dspine_engine.engine.config import EngineConfig
 from dspine_engine.engine.spec_policy import AutoPolicy, FixedPolicy, verify_widths
 from dspine_engine.engine.verify_cost import (CostProfile, CostProfileError, build_fingerprint,
@@ -131,15 +132,28 @@ def test_the_plan_is_the_best_width_and_split_by_enumeration(batch):
 
 
 def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0.97,
-            global_forget=0.999):
+            global_forget=0.999, width_weight=8.0):
     """``E[i, k]`` of each sequence of ``batch`` recounted from scratch, position by position,
     from the whole ``log`` of plans (a new request on a seat starts from zero; a planned seat
-    forgets) and observations (drafts 1..min(accepted + 1, k) tried, the first accepted hit):
-    the statistics AutoPolicy keeps, without its arrays."""
+    forgets) and observations (drafts 1..min(accepted + 1, k) tried, the first accepted hit),
+    the engine-wide counts also per width (forgotten when the width is observed), a width's
+    factor on a_j (refreshed at a plan once FACTOR_EVERY drafted rounds were observed since
+    the last refresh) its hits over those the pooled rate predicts for its tries, both plus
+    width_weight (a width that is not a bucket: the next wider bucket's), E(w) at most w: the
+    statistics AutoPolicy keeps, without its arrays."""
     drafts = BLOCK - 1
     tried, hit, owner = {}, {}, {}
     g_tried, g_hit = [0.0] * drafts, [0.0] * drafts
+    w_tried = {w: [0.0] * drafts for w in WIDTHS if w > 1}
+    w_hit = {w: [0.0] * drafts for w in WIDTHS if w > 1}
+    factor = {w: [1.0] * drafts for w in w_hit}
+    observed = 0  # drafted observations since the factors were last refreshed
     for event in log:
+        if event[0] == "plan" and observed >= FACTOR_EVERY:
+            observed = 0  # a plan reads the estimates: the factors are refreshed first
+            rate = [h / max(t, 1e-9) for t, h in zip(g_tried, g_hit)]
+            factor = {w: [(w_hit[w][j] + width_weight) / (w_tried[w][j] * rate[j] + width_weight)
+                          for j in range(drafts)] for w in w_tried}
         if event[0] == "plan":
             for s in event[1]:
                 if owner.get(s.seat) is not s:
@@ -150,20 +164,30 @@ def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0
         _, seats, width, accepted = event
         if width == 1:
             continue
+        observed += 1
         g_tried, g_hit = [global_forget * t for t in g_tried], [global_forget * h for h in g_hit]
+        w_tried[width] = [global_forget * t for t in w_tried[width]]
+        w_hit[width] = [global_forget * h for h in w_hit[width]]
         for seat, n in zip(seats, accepted):
             for j in range(min(n + 1, width - 1)):
                 tried[seat][j] += 1
                 g_tried[j] += 1
+                w_tried[width][j] += 1
                 hit[seat][j] += j < n
                 g_hit[j] += j < n
+                w_hit[width][j] += j < n
     g = [(h + global_weight * prior) / (t + global_weight) for t, h in zip(g_tried, g_hit)]
     expected = []
     for s in batch:
-        row, reach = [1.0], 1.0
-        for j in range(drafts):
-            reach *= (hit[s.seat][j] + prior_weight * g[j]) / (tried[s.seat][j] + prior_weight)
-            row.append(row[-1] + reach)
+        row = [1.0]
+        for k in range(1, drafts + 1):  # verifying k drafts: width k + 1, its bucket's factor
+            f = factor[min(w for w in w_tried if w >= k + 1)]
+            tokens, reach = 1.0, 1.0
+            for j in range(k):
+                a = (hit[s.seat][j] + prior_weight * g[j]) / (tried[s.seat][j] + prior_weight)
+                reach *= a * f[j]
+                tokens += reach
+            row.append(min(tokens, k + 1.0))
         expected.append(row)
     return np.array(expected)
 
@@ -393,3 +417,49 @@ def test_more_drafts_than_the_block_is_refused():
     ok = EngineConfig.from_kwargs(None, num_speculative_tokens=5, spec_policy="auto")
     ok.derive(target, draft)
     assert ok.verify_widths == [1, 2, 4, 6]
+
+
+# Conditional acceptance by position of the shipped drafter on the CPU (draft_block "verified",
+# greedy, 6 HumanEval prompts): a w-token round drafts from a w-token block, so d1..d3 are
+# accepted less often at w = 8 than at w = 4 (tau 2.62 at 4, 3.13 at 8: 1.19x the tokens).
+BY_WIDTH = {2: [0.75], 4: [0.739, 0.676, 0.765],
+            8: [0.711, 0.616, 0.741, 0.698, 0.75, 0.818, 0.852],
+            16: [0.7, 0.6, 0.73, 0.69, 0.74, 0.8, 0.85] + [0.85] * 8}
+# Seconds of a batch-1 round (in plain steps), as calibrated on the same machine: 8 tokens cost
+# 1.29x a 4-token round, more than the 1.19x tokens they commit.
+CPU_COSTS = {1: 1.0, 2: 1.40, 4: 1.77, 8: 2.28, 16: 3.20}
+
+
+def width_dependent_rounds(pol, rounds: int, rng) -> dict[int, int]:
+    """Rounds of one sequence at a time (a new request every 64 rounds) whose drafts are
+    accepted as BY_WIDTH says for the width verified; each round's seconds its CPU_COSTS. The
+    widths the policy verified, counted."""
+    widths = {}
+    for i in range(rounds):
+        if i % 64 == 0:
+            batch = [SimpleNamespace(seat=0)]
+        (w, _), *_ = pol.plan(batch)
+        widths[w] = widths.get(w, 0) + 1
+        accepted = 0
+        if w > 1:
+            while accepted < w - 1 and rng.random() < BY_WIDTH[w][accepted]:
+                accepted += 1
+        pol.observe(np.array([0]), w, np.array([accepted]), CPU_COSTS[w])
+    return widths
+
+
+def test_acceptance_is_estimated_per_width_where_the_drafts_depend_on_it():
+    """With width 8 observed now and then (the calibration's neighbour rounds), width 8's own
+    d1..d3 price its rounds, not the 4-token rounds' better ones: the policy stays at 4 (pooled
+    over widths, E(8) / E(4) read ~1.29, the cost ratio, and the policy drifted toward 8)."""
+    rng = np.random.default_rng(5)
+    profile = CostProfile({w: {1: c, 64: 64 * c} for w, c in CPU_COSTS.items()})
+    pol = policy(profile, calibrate=True)
+    widths = width_dependent_rounds(pol, 3000, rng)
+    assert widths.get(8, 0) > 100  # width 8 was observed
+    e = pol.expected_tokens(np.array([0]))[0]
+    true = {w: 1 + np.cumsum(np.cumprod(BY_WIDTH[w])).item(-1) for w in (4, 8)}
+    assert e[7] / e[3] == pytest.approx(true[8] / true[4], abs=0.05)
+    assert e[7] / e[3] < CPU_COSTS[8] / CPU_COSTS[4]
+    assert pol.choose(np.array([0]))[0] == 4
+    assert widths[4] > 0.85 * sum(widths.values())

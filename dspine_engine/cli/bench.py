@@ -6,7 +6,8 @@
   dspine-bench e2e --draft NAME=DIR ... [--concurrency 1 8 32] [--spec-policy fixed auto]
       output tokens/s of autoregressive decoding and of each draft (under each verification
       policy), same prompts, one run; greedy outputs of every draft run are compared with the
-      autoregressive ones; rows carry the drafts verified per round (verify_lengths).
+      autoregressive ones; rows carry the drafts verified per round (verify_lengths) and the
+      auto policy's calibrated round costs (calibrated_costs, with --spec-calibration).
 """
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drafts verified per round (fixed) or at most (auto); default block - 1")
     e.add_argument("--reprofile", action="store_true",
                    help="measure the verify-cost profile again instead of reading the cache")
+    e.add_argument("--spec-calibration", action="store_true",
+                   help="correct the verify-cost profile online from the rounds' observed times "
+                        "(auto policy) instead of planning from it as measured")
     return p
 
 
@@ -177,6 +181,7 @@ def cmd_e2e(args) -> dict:
                         progress=not args.quiet, max_num_seqs=max(args.concurrency),
                         spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
                         reprofile=args.reprofile and path is not None,
+                        spec_calibration=args.spec_calibration,
                         tensor_parallel_size=args.tensor_parallel_size)
         for c in args.concurrency:
             row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet,
@@ -185,7 +190,8 @@ def cmd_e2e(args) -> dict:
             if path is not None:
                 s = engine.stats
                 row.update(spec_policy=policy, path=s.path(),
-                           verify_lengths={str(k): v for k, v in sorted(s.verify_lengths.items())})
+                           verify_lengths={str(k): v for k, v in sorted(s.verify_lengths.items())},
+                           calibrated_costs=engine.calibrated_costs())
             if name != "ar" and ("ar", c) in outputs:
                 row["vs_ar_greedy"] = compare_outputs(outputs[("ar", c)], toks)
             outputs[(name, c)] = toks

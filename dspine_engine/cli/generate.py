@@ -41,8 +41,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
-    """--spec-policy, --num-speculative-tokens, --reprofile, --draft-block (generate, serve,
-    bench)."""
+    """--spec-policy, --num-speculative-tokens, --reprofile, --spec-calibration,
+    --draft-block (generate, serve)."""
     p.add_argument("--spec-policy", choices=("auto", "fixed"), default="auto",
                    help="how many drafts a round verifies: 'auto' (default) chooses per round "
                         "and request, 0 (plain decoding) up to --num-speculative-tokens, from "
@@ -55,6 +55,10 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reprofile", action="store_true",
                    help="measure the verify-cost profile again (auto policy) instead of "
                         "reading the cached one")
+    p.add_argument("--spec-calibration", action="store_true",
+                   help="correct the verify-cost profile online from the rounds' observed "
+                        "times (auto policy); by default the policy plans from the profile as "
+                        "measured")
     p.add_argument("--draft-block", choices=("auto", "full", "verified"), default="auto",
                    help="what a draft forward runs over: 'full' the whole block, 'verified' "
                         "the drafts the round verifies only (proposals change a little, output "
@@ -82,7 +86,8 @@ def _positive_int(text: str) -> int:
 def spec_settings(args) -> dict:
     """The Engine keywords of the verification flags."""
     return dict(spec_policy=args.spec_policy, num_speculative_tokens=args.num_speculative_tokens,
-                reprofile=args.reprofile, draft_block=args.draft_block)
+                reprofile=args.reprofile, spec_calibration=args.spec_calibration,
+                draft_block=args.draft_block)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -216,6 +221,9 @@ def _stats_line(final, engine, as_json: bool) -> str:
                     spec_policy=engine.config.spec_policy,
                     verify_lengths={str(k): v for k, v in sorted(s.verify_lengths.items())},
                     acceptance_by_position=[round(a, 3) for a in s.acceptance_by_position()])
+        calibrated = engine.calibrated_costs()
+        if calibrated is not None:
+            info["calibrated_costs"] = calibrated
     if as_json:
         return json.dumps(info)
     line = (f"[{info['new_tokens']} tokens in {info['seconds']:.2f}s, "

@@ -41,6 +41,10 @@ class EngineConfig:
     num_speculative_tokens: int | None = None  # drafts verified (at most); None: block - 1
     spec_cost_profile: str | None = None  # "auto": a cost-profile JSON to use instead of probing
     reprofile: bool = False  # "auto": measure the verify cost again (replacing the cached one)
+    # "auto": correct the cost profile online from the rounds' observed times
+    # (cost_calibrator.py; opt-in: on the CPU it did not beat the measured profile, DECISIONS.md
+    # "Online calibration"); False plans from the profile as measured or given.
+    spec_calibration: bool = False
     # What a draft forward runs over: "full" the whole block (what the drafter was trained on),
     # "verified" the anchor and the drafts the round verifies alone (a w-token round drafts
     # from a w-token block: its attention is bidirectional, so proposals change a little, the
@@ -86,7 +90,7 @@ class EngineConfig:
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.page_size:
             raise ValueError(f"kv_cache_tokens ({self.kv_cache_tokens}) holds less than one "
                              f"page of {self.page_size} tokens")
-        for name in ("cuda_graphs", "reprofile"):
+        for name in ("cuda_graphs", "reprofile", "spec_calibration"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.draft_block not in DRAFT_BLOCKS:

@@ -144,7 +144,8 @@ class Engine:
                  max_prefill_tokens=_DEFAULT, max_model_len=_DEFAULT, cuda_graphs=_DEFAULT,
                  admission_batch=_DEFAULT, spec_policy=_DEFAULT,
                  num_speculative_tokens=_DEFAULT, spec_cost_profile=_DEFAULT,
-                 reprofile=_DEFAULT, tensor_parallel_size=_DEFAULT, cpu_threads=_DEFAULT,
+                 reprofile=_DEFAULT, spec_calibration=_DEFAULT,
+                 tensor_parallel_size=_DEFAULT, cpu_threads=_DEFAULT,
                  draft_block=_DEFAULT, progress: bool = True,
                  config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
@@ -163,7 +164,9 @@ class Engine:
         draft, ``spec_policy`` "fixed" (default) verifies ``num_speculative_tokens`` drafts every
         round (default: the whole block) and "auto" chooses per round and sequence from a
         measured cost model (cached; ``reprofile=True`` measures again, ``spec_cost_profile``
-        reads a given profile) and each request's acceptance (spec_policy.py).
+        reads a given profile) and each request's acceptance (spec_policy.py); with
+        ``spec_calibration=True`` (opt-in) the profile is corrected online from the rounds'
+        observed times (cost_calibrator.py; `calibrated_costs()` reports it).
         ``draft_block`` says what a draft forward runs over: "full" (the whole block), "verified"
         (the anchor and the drafts the round verifies: cheaper where rows cost, proposals change
         a little, output never) or "auto" (default: verified on the CPU, full on CUDA).
@@ -183,7 +186,8 @@ class Engine:
             max_prefill_tokens=max_prefill_tokens, max_model_len=max_model_len,
             cuda_graphs=cuda_graphs, admission_batch=admission_batch, spec_policy=spec_policy,
             num_speculative_tokens=num_speculative_tokens, spec_cost_profile=spec_cost_profile,
-            reprofile=reprofile, tensor_parallel_size=tensor_parallel_size,
+            reprofile=reprofile, spec_calibration=spec_calibration,
+            tensor_parallel_size=tensor_parallel_size,
             cpu_threads=cpu_threads, draft_block=draft_block).items()
             if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
@@ -298,6 +302,13 @@ class Engine:
     def stats(self) -> EngineStats:
         """Totals over the engine's life (or since `reset_stats()`)."""
         return self._driver.stats
+
+    def calibrated_costs(self) -> dict | None:
+        """The auto policy's calibrated round costs (`CostCalibrator.summary`: plain steps by
+        width at the most observed batch bucket, the profile's beside them, observations);
+        None without calibration or before the first round."""
+        calibrator = getattr(self.policy, "calibrator", None)
+        return calibrator.summary() if calibrator is not None else None
 
     def reset_stats(self) -> None:
         """Starts the engine-wide totals (`engine.stats`) from zero."""

@@ -2,12 +2,16 @@
 
 `FixedPolicy` verifies the same number every round (``num_speculative_tokens``, by default the
 whole block). `AutoPolicy` (dynamic verification) plans each round from two things:
-- the cost of a round, ``cost(tokens, batch)`` (verify_cost.py: measured once, cached);
+- the cost of a round, ``cost(tokens, batch)`` (verify_cost.py: measured once, cached;
+  with ``calibrate``, corrected online from the rounds' observed times, cost_calibrator.py,
+  which also makes a drafted round now and then plain or a neighbouring width to measure it);
 - the acceptance expected for each request: per-position conditional acceptance
   ``a_j = P(d_j accepted | d_1..d_{j-1} accepted)``, counted online per request and shrunk
   toward the engine-wide counts (the drafter's global statistics, themselves starting from a
   neutral prior), with exponential forgetting, so a request that stopped being verified drifts
-  back to the global estimate and is tried again (acceptance.py).
+  back to the global estimate and is tried again; per verify width, the engine-wide acceptance
+  of that width's rounds as a factor on it (a w-token round may draft from a w-token block,
+  whose proposals depend on w: acceptance.py).
 
 A round verifies ``w`` tokens per sequence (the anchor + ``w - 1`` drafts; ``w = 1`` is a
 plain decode step), ``w`` from a few buckets so CUDA graphs apply. The plan is at most two
@@ -36,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from .acceptance import AcceptanceStats
+from .cost_calibrator import CostCalibrator
 from .verify_cost import CostProfile
 
 # Tokens verified per sequence (anchor included) that a round may use.
@@ -65,7 +70,8 @@ class FixedPolicy:
     def plan(self, seqs) -> list[tuple[int, list]]:
         return [(self.width, seqs)]
 
-    def observe(self, seats, width: int, accepted: np.ndarray) -> None:
+    def observe(self, seats, width: int, accepted: np.ndarray,
+                seconds: float | None = None) -> None:
         pass
 
 
@@ -76,27 +82,44 @@ class AutoPolicy:
                  max_batch: int, prior: float = 0.5, prior_weight: float = 4.0,
                  global_weight: float = 2.0, forget: float = 0.97, global_forget: float = 0.999,
                  explore_interval: int = 8, max_explore_interval: int = 1024,
-                 explore_budget: float = 0.02):
+                 explore_budget: float = 0.02, calibrate: bool = False,
+                 width_weight: float = 8.0):
         if 1 not in widths or any(w > block for w in widths):
             raise ValueError(f"verify widths {widths} must include 1 and not exceed the block "
                              f"of {block}")
         cost.check(widths)
         self.widths = sorted(widths)
         self.stats = AcceptanceStats(block, self.widths, max_seats, prior, prior_weight,
-                                     global_weight, forget, global_forget)
+                                     global_weight, forget, global_forget, width_weight)
         # One row per width of predicted seconds of a round of m sequences (m = 0..max);
         # _cost[w] is width w's row, _drafted_cost the drafted widths' rows (one array, so a
         # plan scores every width at once).
         costs = np.array([[cost.cost(w, m) for m in range(max_batch + 1)] for w in self.widths])
-        self._cost = dict(zip(self.widths, costs))
-        self._drafted_cost = costs[1:]
-        self._rate_terms: dict[int, tuple] = {}  # per batch size, see _rates_of
+        # With ``calibrate`` the costs follow the rounds' observed times (cost_calibrator.py).
+        self.calibrator = CostCalibrator(costs, self.widths) if calibrate else None
+        self._cost_version = 0
+        self._use_costs(costs)
         self._base_interval = explore_interval
         self._interval = explore_interval
         self._max_interval = max_explore_interval
         self._explore_budget = explore_budget
         self._since_drafted = 0
         self._plain_seconds = 0.0  # predicted time of the plain rounds since the last drafted
+        # ... in the profile's seconds: calibration may rescale every cost at once (a given
+        # profile may be in any unit), and a sum of seconds from before and after would not
+        # compare with a probe's predicted loss.
+        self._profile_plain = costs[0]
+
+    def _use_costs(self, costs: np.ndarray) -> None:
+        self._cost = dict(zip(self.widths, costs))
+        self._drafted_cost = costs[1:]
+        self._rate_terms: dict[int, tuple] = {}  # per batch size, see _rates_of
+
+    def _follow_calibration(self) -> None:
+        """Takes the calibrator's table when it changed since the last plan."""
+        if self.calibrator is not None and self.calibrator.version != self._cost_version:
+            self._cost_version = self.calibrator.version
+            self._use_costs(self.calibrator.table())
 
     # ----------------------------------------------------------------- estimates
     def global_acceptance(self) -> np.ndarray:
@@ -119,6 +142,10 @@ class AutoPolicy:
                 return [(probe[0], seqs)]
             return [(1, seqs)]
         self._since_drafted, self._interval, self._plain_seconds = 0, self._base_interval, 0.0
+        if self.calibrator is not None:  # now and then plain or a neighbour, to be measured
+            width = self.calibrator.steer(width, len(seqs))
+            if width == 1:
+                return [(1, seqs)]
         if chosen is None:
             return [(width, seqs)]
         mask = np.zeros(len(seqs), bool)
@@ -131,9 +158,10 @@ class AutoPolicy:
         """Counts a plain round; True when the next one should explore instead (a probe
         predicted to lose ``loss`` seconds against plain decoding)."""
         self._since_drafted += 1
-        self._plain_seconds += self._cost[1][b]
+        self._plain_seconds += self._profile_plain[b]
+        in_profile_seconds = loss * self._profile_plain[b] / self._cost[1][b]
         return (self._since_drafted >= self._interval
-                and loss <= self._explore_budget * self._plain_seconds)
+                and in_profile_seconds <= self._explore_budget * self._plain_seconds)
 
     def choose(self, seats: np.ndarray) -> tuple[int, np.ndarray]:
         """The round's width and the indices (into ``seats``) that verify at it; (1, all) when
@@ -145,6 +173,7 @@ class AutoPolicy:
         """`choose` from the batch's counts; None for the rows when all of them verify. When
         plain decoding wins, also the probe an exploration would verify: (width, predicted
         seconds lost against plain decoding) of the best width with the whole batch drafting."""
+        self._follow_calibration()
         b = len(counts)
         cost, rest, plain_rate = self._rates_of(b)
         # Row j: width widths[j + 1]; column m - 1: its m most promising sequences drafting,
@@ -177,16 +206,20 @@ class AutoPolicy:
                                    b / plain[b])
         return self._rate_terms[b]
 
-    def observe(self, seats: np.ndarray, width: int, accepted: np.ndarray) -> None:
+    def observe(self, seats: np.ndarray, width: int, accepted: np.ndarray,
+                seconds: float | None = None) -> None:
         """Counts a verified round: drafts 1..min(accepted + 1, width - 1) were tried, the first
-        ``accepted`` of them accepted."""
+        ``accepted`` of them accepted; and its wall time ``seconds``, when given, for the
+        calibration of the costs."""
         self.stats.observe(seats, width, accepted)
+        if seconds is not None and self.calibrator is not None:
+            self.calibrator.record(width, len(seats), seconds)
 
 
 def build_policy(config, runner, identity: dict, progress: bool):
     """The engine's policy: None without a draft; for ``auto`` the cost profile comes from
     ``config.spec_cost_profile``, else from the cache (measured now if missing or if
-    ``config.reprofile``)."""
+    ``config.reprofile``), calibrated online when ``config.spec_calibration`` (opt-in)."""
     from ..models.default_model import cache_dir
     from .verify_cost import CostProfile, load_or_measure
 
@@ -206,4 +239,5 @@ def build_policy(config, runner, identity: dict, progress: bool):
     else:
         cost = load_or_measure(runner, widths, config.max_num_seqs, identity, cache_dir(),
                                config.reprofile, progress)
-    return AutoPolicy(runner.block, widths, cost, runner.cache.max_seats, config.max_num_seqs)
+    return AutoPolicy(runner.block, widths, cost, runner.cache.max_seats, config.max_num_seqs,
+                      calibrate=config.spec_calibration)

@@ -9,6 +9,8 @@ The only host sync of a group's round is reading the accepted lengths and tokens
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .runner import ModelRunner
@@ -28,6 +30,9 @@ def speculative_round(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequ
 def _verify_group(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence], tokens: int,
                   stats, policy) -> dict[str, list[int]]:
     seats = scheduler.prepare_round(seqs)
+    # The round's wall time, staging to the accepted lengths on the host, is what the cost
+    # profile predicts: the policy calibrates it (host timestamps, no extra device sync).
+    t0 = time.perf_counter()
     runner.prepare_round(seqs, seats, tokens)
     drafted, context_written = tokens > 1, True
     if drafted:
@@ -36,9 +41,10 @@ def _verify_group(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence
         context_written = runner.catch_up_context()
     runner.verify()
     accept, out = runner.accept()
+    seconds = time.perf_counter() - t0
     scheduler.verified(seats, accept, context_written)
     if policy is not None:
-        policy.observe(seats, tokens, accept)
+        policy.observe(seats, tokens, accept, seconds)
     _record_batch(stats, accept, tokens)
     accepted, rows = accept.tolist(), out.tolist()
     new_tokens = {}
