@@ -45,8 +45,9 @@
 #               the stage-1 build: attention GPU tests, memcheck subset, decode/verify rows
 #               of benchmarks/kernel_bench.py beside SDPA (issue 12).                     ~4 min
 #               MEASURE="rows" (not in the default set): benchmarks/gpu_row_exactness.py (is a
-#               verify row bitwise the decoded row, per attention knob; GEMMs) and the greedy
-#               lossless engine tests, tie-checked and exact under the row-exact knobs.  ~2 min
+#               verify row bitwise the decoded row, per attention knob; GEMMs), the row-exact
+#               kernel tests and the greedy lossless engine tests (tie-checked, and exact under
+#               the row-exact knobs).                                                   ~3 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -372,8 +373,8 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   case " $MEASURE " in *" rows "*)  # is a verify row the decoded row? (kernels, then the engine)
   timeout 60 python3 benchmarks/gpu_row_exactness.py --out $R > $R/logs/row_exactness.log 2>&1
   say "row exactness rc $? : $(grep -E '^\| (1|32) \|' $R/logs/row_exactness.log | tr '\n' ' ')"
-  LD_PRELOAD=$CXX_LIB timeout 150 python3 -m pytest -q -m gpu tests/test_engine_gpu.py \
-    -k "greedy_lossless" -rA -W always > $R/logs/lossless_tests.log 2>&1
+  LD_PRELOAD=$CXX_LIB timeout 200 python3 -m pytest -q -m gpu -n 4 tests/test_engine_gpu.py \
+    tests/test_kernels_gpu.py -k "greedy_lossless or exact" -rA -W always > $R/logs/lossless_tests.log 2>&1
   say "lossless tests rc $? : $(tail -1 $R/logs/lossless_tests.log)"; pack;; esac
   case " $MEASURE " in *" steps "*)
   timeout 120 python3 benchmarks/step_table.py --out $R > $R/logs/step_table.log 2>&1
