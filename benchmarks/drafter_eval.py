@@ -62,7 +62,7 @@ def acceptance_table(drafts, target, device, dtype, sets, temps, max_new, batch,
 def lossless_check(draft, target, device, n_prompts, out_dtype):
     """Greedy speculative vs greedy autoregressive, token by token."""
     from dspine_engine import Engine, SamplingParams
-    from dspine_engine.lossless import compare_outputs
+    from dspine_engine.lossless import compare_outputs, describe, tie_report
     from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
 
     prompts = humaneval_prompts()[: n_prompts // 2] + mtbench_prompts()[: n_prompts - n_prompts // 2]
@@ -86,25 +86,9 @@ def lossless_check(draft, target, device, n_prompts, out_dtype):
         if dtype != "float32":  # what holds in half precision: differences only at near-ties
             for name, (ref, got) in pairs.items():
                 report[dtype][name]["ties"] = tie_report(model_dir, prompt_ids, ref, got)
-        print(f"lossless {dtype}: " + json.dumps({k: f"{v['identical']}/{v['total']}" + (
-            f" (largest gap {v['ties']['largest_gap']})" if v.get("ties", {}).get("largest_gap") is not None else "")
-            for k, v in report[dtype].items()}), file=sys.stderr)
+        print(f"lossless {dtype}: " + "; ".join(f"{k} {describe(v)}" for k, v in report[dtype].items()),
+              file=sys.stderr)
     return report
-
-
-def tie_report(model_dir, prompt_ids, ref, got) -> dict:
-    """The first differences' tie gaps (dspine_engine.lossless.tie_gaps): each one, the largest,
-    and whether all are near-ties; the error instead where the target cannot be read in fp32
-    by transformers (a GGUF-only target)."""
-    from dspine_engine.lossless import NEAR_TIE_LOGITS, all_near_ties, tie_gaps
-
-    try:
-        gaps = tie_gaps(model_dir, prompt_ids, ref, got)
-    except Exception as e:  # a report field, not a reason to lose the run's other numbers
-        return {"error": f"{type(e).__name__}: {e}"}
-    largest = max((max(d["gap_reference"], d["gap_other"]) for d in gaps), default=None)
-    return {"gaps": gaps, "largest_gap": largest, "limit": NEAR_TIE_LOGITS,
-            "all_near_ties": all_near_ties(gaps)}
 
 
 def device_tag(device: str | None) -> str:

@@ -65,3 +65,39 @@ def tie_gaps(model_dir, prompt_ids: list[list[int]], ref: list[list[int]],
 def all_near_ties(gaps: list[dict], limit: float = NEAR_TIE_LOGITS) -> bool:
     """Every first difference is a tie: both tokens within ``limit`` of the best logit."""
     return all(max(d["gap_reference"], d["gap_other"]) <= limit for d in gaps)
+
+
+def tie_report(model_dir, prompt_ids, ref, got) -> dict:
+    """`tie_gaps` of the outputs that differ, the largest gap and whether all are near-ties; the
+    error instead where the target cannot be read in fp32 by transformers (not installed, or a
+    GGUF-only target), so a benchmark keeps its other numbers."""
+    try:
+        gaps = tie_gaps(model_dir, prompt_ids, ref, got)
+    except Exception as e:  # a report field, not a reason to lose the run's other numbers
+        return {"error": f"{type(e).__name__}: {e}"}
+    largest = max((max(d["gap_reference"], d["gap_other"]) for d in gaps), default=None)
+    return {"gaps": gaps, "largest_gap": largest, "limit": NEAR_TIE_LOGITS,
+            "all_near_ties": all_near_ties(gaps)}
+
+
+def compare_with_ties(engine, prompts, ref, got) -> dict:
+    """`compare_outputs`, and where outputs differ the `tie_report` of the differences (the
+    prompts as ``engine`` encodes them, the target from its model directory)."""
+    report = compare_outputs(ref, got)
+    if report["identical"] < report["total"]:
+        report["ties"] = tie_report(engine.model_dir, [engine.encode_prompt(p) for p in prompts],
+                                    ref, got)
+    return report
+
+
+def describe(report: dict) -> str:
+    """One line for a log: identical count, and how the differences stand against ties."""
+    line = f"identical {report['identical']}/{report['total']}"
+    ties = report.get("ties")
+    if ties is None:
+        return line
+    if "error" in ties:
+        return f"{line} (tie check unavailable: {ties['error'][:80]})"
+    verdict = "all at near-ties" if ties["all_near_ties"] else "NOT all at near-ties"
+    return f"{line} ({verdict}, largest gap {ties['largest_gap']} logits)"
+

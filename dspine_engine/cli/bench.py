@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..lossless import compare_outputs
+from ..lossless import compare_with_ties, describe
 from .generate import _positive_int, add_parallel_argument, format_lengths
 
 
@@ -193,12 +193,14 @@ def cmd_e2e(args) -> dict:
                            verify_lengths={str(k): v for k, v in sorted(s.verify_lengths.items())},
                            calibrated_costs=engine.calibrated_costs())
             if name != "ar" and ("ar", c) in outputs:
-                row["vs_ar_greedy"] = compare_outputs(outputs[("ar", c)], toks)
+                row["vs_ar_greedy"] = compare_with_ties(engine, prompts, outputs[("ar", c)], toks)
             outputs[(name, c)] = toks
             rows.append(row)
             print(f"{name:>8} c={c:<3} {row['tokens_per_second']:9.1f} tok/s  tau {row['tau']:.2f}"
                   + (f"  drafts verified {format_lengths(engine.stats.verify_lengths)}"
-                     if path is not None else ""), file=sys.stderr)
+                     if path is not None else "")
+                  + (f"  vs AR: {describe(row['vs_ar_greedy'])}" if "vs_ar_greedy" in row else ""),
+                  file=sys.stderr)
             res = _e2e_result(args, prompts, rows, engine)
             _write(args.out, args.name or f"e2e_{engine.device.type}", res)  # after every row
         engine.close()
