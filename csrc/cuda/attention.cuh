@@ -732,15 +732,23 @@ int mma_ctas_per_sm() {
 // Row-exact mode (DSPINE_ATTN_EXACT=1). By default a decode row runs the key-split variant and a
 // verify row the row tiles, each with a split count planned from the whole call, so the same row
 // is summed in different orders (benchmarks/gpu_row_exactness.py: 0% of verify rows equal the
-// decoded row on the H200). Here every call runs the row tiles, split at the absolute
-// kExactSegmentKeys-key segments of the context (as many as the call's bound on the context
-// needs; each starts a fresh online softmax, and the combine folds them in order, skipping the
-// empty ones exactly), so a row is computed one way whatever else the call holds: a verify row is
-// bitwise the decoded row, a sequence's rows do not depend on its batch or on a CUDA graph's
-// bound. Returns false, leaving p to the planner, where the bound needs more than kMaxSplits
-// segments (contexts past 32K keys), and off the tensor cores (the CUDA-core kernel walks a
-// row's keys in order in one warp: row-exact already).
+// decoded row on the H200). Here every call runs the row tiles, and blocks of up to
+// kExactSegmentMaxQ tokens (decode, verify) are split at the absolute kExactSegmentKeys-key
+// segments of the context (as many as the call's bound on the context needs; each starts a fresh
+// online softmax, and the combine folds them in order, skipping the empty ones exactly), so a
+// generated row is computed one way whatever else the call holds: a verify row is bitwise the
+// decoded row, and a sequence's rows do not depend on its batch or on a CUDA graph's bound.
+// Longer blocks (prefill chunks) run unsplit: their rows are computed only there, the row tiles
+// fill the GPU, and segment partials would cost num_tokens x segments x heads x (D + 2) floats
+// (GBs for a 4K-token chunk of a large model at 32K). Which of the two a call takes follows its
+// longest block, yet no row changes with it: a prompt is prefilled whole from position 0
+// (scheduler.py: no chunk of a prompt starts past its first token), so a prompt of <= 16 tokens
+// has <= 16 keys, one segment, whose fold is the unsplit result exactly (weight 2^0 = 1, its own
+// sum; DECISIONS "What lossless means on a GPU"). Returns false, leaving p to the planner,
+// where a block's bound needs more than kMaxSplits segments (contexts past 32K keys), and off the
+// tensor cores (the CUDA-core kernel walks a row's keys in order in one warp: row-exact already).
 constexpr int kExactSegmentKeys = 256;
+constexpr int kExactSegmentMaxQ = 16;
 
 template <typename T>
 bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len) {
@@ -748,12 +756,18 @@ bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len) {
     return false;
   } else {
     if (!attention_uses_mma(true, p.head_dim)) return false;
+    p.min_split_tiles = 0;
+    p.segment_tiles = 0;
+    if (p.max_q_len > kExactSegmentMaxQ) {  // a prefill chunk: the row tiles, unsplit
+      p.row_tiles_only = true;
+      p.num_splits = 1;
+      return true;
+    }
     const int64_t bound = max_kv_len > 0 ? max_kv_len : static_cast<int64_t>(p.max_pages) * p.page_size;
     const int64_t segments = (bound + kExactSegmentKeys - 1) / kExactSegmentKeys;
     if (segments > kMaxSplits) return false;
     p.row_tiles_only = true;  // before visit_mma_tile: it picks the variant
     p.num_splits = segments > 1 ? static_cast<int>(segments) : 1;
-    p.min_split_tiles = 0;
     visit_mma_tile<T>(p, [&](auto tile) { p.segment_tiles = kExactSegmentKeys / decltype(tile)::kBlockN; });
     return true;
   }
