@@ -1,7 +1,9 @@
 """Online calibration of the verify-cost profile (engine/cost_calibrator.py): the correction is
 the median of the last 31 log ratios of observed to predicted round time, used from 5
 observations on and only once the plain step of the batch bucket is known; drafted rounds are
-steered to plain decoding until it is, then now and then to a neighbouring width. A profile
+steered to plain decoding until it is, then now and then to a neighbouring width and (1 in 32)
+to plain again, whose window also forgets rounds older than 256, so a plain step measured in a
+busy spell is re-measured while the policy drafts. A profile
 that is wrong about one width is corrected until the policy chooses what the right profile
 chooses; greedy output stays the target's; the setting reaches the engine from the config and
 the CLIs, and the costs reach the stats."""
