@@ -451,15 +451,20 @@ def width_dependent_rounds(pol, rounds: int, rng) -> dict[int, int]:
 def test_acceptance_is_estimated_per_width_where_the_drafts_depend_on_it():
     """With width 8 observed now and then (the calibration's neighbour rounds), width 8's own
     d1..d3 price its rounds, not the 4-token rounds' better ones: the policy stays at 4 (pooled
-    over widths, E(8) / E(4) read ~1.29, the cost ratio, and the policy drifted toward 8)."""
-    rng = np.random.default_rng(5)
-    profile = CostProfile({w: {1: c, 64: 64 * c} for w, c in CPU_COSTS.items()})
-    pol = policy(profile, calibrate=True)
-    widths = width_dependent_rounds(pol, 3000, rng)
-    assert widths.get(8, 0) > 100  # width 8 was observed
-    e = pol.expected_tokens(np.array([0]))[0]
+    over widths, E(8) / E(4) read ~1.28, the cost ratio, and the policy drifted toward 8). One
+    simulated run's estimate is noisy (1.08-1.23 over seeds 0-7 against 1.19 true), so every
+    seed must keep the policy at 4 and price 8 below its cost, and their median must be within
+    0.05 of the truth."""
     true = {w: 1 + np.cumsum(np.cumprod(BY_WIDTH[w])).item(-1) for w in (4, 8)}
-    assert e[7] / e[3] == pytest.approx(true[8] / true[4], abs=0.05)
-    assert e[7] / e[3] < CPU_COSTS[8] / CPU_COSTS[4]
-    assert pol.choose(np.array([0]))[0] == 4
-    assert widths[4] > 0.85 * sum(widths.values())
+    ratios = []
+    for seed in range(8):
+        profile = CostProfile({w: {1: c, 64: 64 * c} for w, c in CPU_COSTS.items()})
+        pol = policy(profile, calibrate=True)
+        widths = width_dependent_rounds(pol, 3000, np.random.default_rng(seed))
+        assert widths.get(8, 0) > 80, seed  # width 8 was observed
+        e = pol.expected_tokens(np.array([0]))[0]
+        ratios.append(e[7] / e[3])
+        assert ratios[-1] < CPU_COSTS[8] / CPU_COSTS[4], seed
+        assert pol.choose(np.array([0]))[0] == 4, seed
+        assert widths[4] > 0.8 * sum(widths.values()), seed
+    assert float(np.median(ratios)) == pytest.approx(true[8] / true[4], abs=0.05), ratios

@@ -1,7 +1,9 @@
 """Online calibration of the verify-cost profile (engine/cost_calibrator.py): the correction is
 the median of the last 31 log ratios of observed to predicted round time, used from 5
 observations on and only once the plain step of the batch bucket is known; drafted rounds are
-steered to plain decoding until it is, then now and then to a neighbouring width. A profile
+steered to plain decoding until it is, then now and then to a neighbouring width and (1 in 32)
+to plain again, whose window also forgets rounds older than 256, so a plain step measured in a
+busy spell is re-measured while the policy drafts. A profile
 that is wrong about one width is corrected until the policy chooses what the right profile
 chooses; greedy output stays the target's; the setting reaches the engine from the config and
 the CLIs, and the costs reach the stats."""
@@ -99,7 +101,8 @@ def test_drafted_rounds_are_plain_one_in_four_until_the_plain_step_is_known():
     cal = CostCalibrator(FLAT, WIDTHS)
     assert [cal.steer(8, 1) for _ in range(12)] == [8, 8, 8, 1] * 3
     feed(cal, 1, 1, [1.0] * 5)
-    assert 1 not in [cal.steer(8, 1) for _ in range(64)]
+    ran = [cal.steer(8, 1) for _ in range(64)]
+    assert ran.count(1) == 2  # from now on only the refresh, 1 in 32
     assert 1 in [cal.steer(8, 4) for _ in range(4)]  # another bucket: not known yet
 
 
@@ -107,10 +110,51 @@ def test_known_plain_step_explores_neighbouring_widths_one_in_sixteen():
     cal = CostCalibrator(FLAT, WIDTHS)
     feed(cal, 1, 1, [1.0] * 5)
     ran = [cal.steer(8, 1) for _ in range(64)]
-    assert sorted(w for w in ran if w != 8) == [4, 4, 16, 16]  # alternately narrower, wider
-    assert [i for i, w in enumerate(ran) if w != 8] == [15, 31, 47, 63]
-    assert {cal.steer(2, 1) for _ in range(32)} == {2, 4}  # plain is not a drafted neighbour
-    assert {cal.steer(16, 1) for _ in range(32)} == {16, 8}
+    assert sorted(w for w in ran if w != 8) == [1, 1, 4, 4, 16, 16]  # alternately narrower, wider
+    assert [i for i, w in enumerate(ran) if w not in (1, 8)] == [15, 31, 47, 63]
+    assert [i for i, w in enumerate(ran) if w == 1] == [23, 55]  # the plain step's refresh
+    assert {cal.steer(2, 1) for _ in range(32)} - {1} == {2, 4}  # plain: only the refresh
+    assert {cal.steer(16, 1) for _ in range(32)} - {1} == {16, 8}
+
+
+def test_the_plain_steps_window_forgets_by_age():
+    """Observations of the plain step older than 256 rounds of its bucket are dropped (the
+    newest 5 stay), so a long slow spell does not outvote the refresh rounds after it."""
+    cal = CostCalibrator(FLAT, WIDTHS)
+    feed(cal, 1, 1, [3.0] * 31)  # a busy spell fills the plain step's window
+    feed(cal, 4, 1, [1.0] * 300)  # then drafted rounds at normal speed, 300 rounds
+    assert cost(cal, 1, 1) == pytest.approx(3.0)
+    feed(cal, 1, 1, [1.0] * 2)  # two refreshes: the spell's old rounds go, the newest 5 stay
+    assert cost(cal, 1, 1) == pytest.approx(3.0)
+    feed(cal, 1, 1, [1.0])  # the third: the median of (3, 3, 1, 1, 1)
+    assert cost(cal, 1, 1) == pytest.approx(1.0)
+    assert cost(cal, 4, 1) == pytest.approx(1.0)
+    cal = CostCalibrator(FLAT, WIDTHS)  # within the age nothing is dropped: the median of 31
+    feed(cal, 1, 1, [3.0] * 31)
+    feed(cal, 1, 1, [1.0] * 15)
+    assert cost(cal, 1, 1) == pytest.approx(3.0)
+
+
+def test_the_plain_step_recovers_from_a_busy_spell_while_the_policy_drafts():
+    """The failure of the CPU A/B (docs/DECISIONS.md "Online calibration"): the plain step is
+    measured in a busy spell (every round 2.5x slower) while the request accepts every draft;
+    then the machine is quiet again and the request accepts none, so with a right price plain
+    decoding wins. With the spell's price a 4-token round looks cheaper than a plain step (1.4 /
+    2.5): before the refresh the policy never ran a plain round again and drafted for good; now
+    the refresh rounds re-measure the plain step and the policy returns to plain decoding."""
+    right = policy(profile_of(TRUE_STEPS))
+    run_rounds(right, 40, timed=False)
+    run_rounds(right, 460, timed=False, accept=False)
+    assert right.choose(np.array([0]))[0] == 1  # what a correct profile picks
+    pol = policy(profile_of(TRUE_STEPS), calibrate=True)
+    run_rounds(pol, 40, slow=2.5)  # the spell: the plain step measured in it
+    assert pol.calibrator.summary()["plain_step_seconds"] == pytest.approx(2.5)
+    run_rounds(pol, 60, accept=False)
+    assert pol.choose(np.array([0]))[0] > 1  # drafting looks cheap: the stale plain price
+    widths = run_rounds(pol, 400, accept=False)
+    assert pol.calibrator.summary()["plain_step_seconds"] == pytest.approx(1.0)
+    assert pol.choose(np.array([0]))[0] == 1
+    assert widths[-100:].count(1) >= 90, widths[-100:]  # plain, bar exploration probes
 
 
 def test_observations_off_the_table_are_ignored():
@@ -132,14 +176,15 @@ def profile_of(steps) -> CostProfile:
     return CostProfile({w: {1: s, 64: 64 * s} for w, s in steps.items()})
 
 
-def run_rounds(pol, rounds: int, timed: bool = True) -> list[int]:
-    """Rounds of one request that accepts every draft, each round taking its true cost (in
-    seconds of one plain step); returns the widths run."""
+def run_rounds(pol, rounds: int, timed: bool = True, accept: bool = True,
+               slow: float = 1.0) -> list[int]:
+    """Rounds of one request that accepts every draft (none with ``accept=False``), each round
+    taking its true cost (in seconds of one plain step) x ``slow``; returns the widths run."""
     batch, seats, widths = seqs(1), np.array([0]), []
     for _ in range(rounds):
         for width, group in pol.plan(batch):
-            pol.observe(seats, width, np.array([width - 1]),
-                        TRUE_STEPS[width] if timed else None)
+            pol.observe(seats, width, np.array([width - 1 if accept else 0]),
+                        TRUE_STEPS[width] * slow if timed else None)
             widths.append(width)
     return widths
 
@@ -155,7 +200,7 @@ def test_a_wrong_profile_is_corrected_to_the_right_choice():
     widths = run_rounds(calibrated, 200)
     assert calibrated.choose(np.array([0]))[0] == 4
     assert widths[:20] == [2, 2, 2, 1] * 5  # the plain step measured first
-    assert widths[-32:].count(4) == 30, widths  # then 4, neighbours 1 round in 16
+    assert widths[-32:].count(4) == 29, widths  # then 4, neighbours 1 in 16, plain 1 in 32
     costs = calibrated.calibrator.summary()["costs"]
     assert costs[4] == pytest.approx(TRUE_STEPS[4]) and costs[8] == pytest.approx(TRUE_STEPS[8])
 

@@ -20,7 +20,14 @@ is known, a width without enough observations of its own moves with it (the prof
 the plain step is kept). To get those observations the calibrator steers rounds the policy
 drafts (`steer`): every ``plain_every``-th one runs plain while the plain step of its batch is
 unknown, and later every ``explore_every``-th one verifies a neighbouring width (alternately
-the narrower and the wider drafted one) instead of the chosen one. Every such round is an
+the narrower and the wider drafted one) instead of the chosen one, and every
+``refresh_every``-th one (midway between two explorations) runs plain again, so the plain step
+keeps being measured for as long as the policy drafts. The plain step's window also forgets by
+age: an observation older than ``plain_age`` rounds of its bucket is dropped (the newest
+``min_observations`` always stay), so a plain step measured in a busy spell is replaced by the
+refresh rounds within ~``plain_age`` rounds, however many of the spell's rounds it held (every
+price is in plain steps: a stale slow one made every drafted width look cheap, and the policy
+then never ran the plain rounds that would have re-measured it). Every steered round is an
 ordinary round at another width, so output stays lossless.
 """
 from __future__ import annotations
@@ -41,7 +48,8 @@ def bucket(batch: int) -> int:
 
 class CostCalibrator:
     def __init__(self, base: np.ndarray, widths: list[int], window: int = 31,
-                 min_observations: int = 5, plain_every: int = 4, explore_every: int = 16):
+                 min_observations: int = 5, plain_every: int = 4, explore_every: int = 16,
+                 refresh_every: int = 32, plain_age: int = 256):
         """``base[j, m]``: the profile's predicted seconds of a round of ``m`` sequences at
         ``widths[j]`` tokens each (m = 0..max batch; widths sorted, widths[0] = 1)."""
         if widths[0] != 1:
@@ -53,10 +61,14 @@ class CostCalibrator:
         self._bucket_of = np.array([bucket(m) for m in range(base.shape[1])])
         self._logs = [[deque(maxlen=window) for _ in range(buckets)] for _ in self.widths]
         self._count = np.zeros((len(self.widths), buckets), np.int64)  # all observations
+        self._rounds = [0] * buckets  # observations of any width per bucket (the plain's clock)
+        self._stamps = [deque(maxlen=window) for _ in range(buckets)]  # the plain logs' _rounds at record
+        self._age = plain_age
         self._known = np.zeros((len(self.widths), buckets), bool)  # min_observations reached
         self._factor = np.ones((len(self.widths), buckets))  # exp(median) of known keys
         self._min = min_observations
         self._plain_every, self._explore_every = plain_every, explore_every
+        self._refresh_every = refresh_every
         self._steered = 0  # drafted rounds seen by `steer`
         self._explored = 0  # neighbours explored (their parity picks the side)
         self.version = 0  # bumped whenever `table()` changes
@@ -71,6 +83,13 @@ class CostCalibrator:
         logs = self._logs[j][k]
         logs.append(math.log(seconds / self._base[j, batch]))
         self._count[j, k] += 1
+        self._rounds[k] += 1
+        if j == 0:  # the plain step: its window is also bounded by age (see the module doc)
+            stamps = self._stamps[k]
+            stamps.append(self._rounds[k])  # (both deques drop their oldest at the window)
+            while len(logs) > self._min and stamps[0] <= self._rounds[k] - self._age:
+                logs.popleft()
+                stamps.popleft()
         if len(logs) >= self._min:
             # Moves of the median under 1% are left out of the table: with noisy rounds it
             # wanders that much nearly every round, and each change costs the policy a
@@ -95,11 +114,15 @@ class CostCalibrator:
     def steer(self, width: int, batch: int) -> int:
         """The width a round the policy chose to draft at ``width`` (batch ``batch``) runs at:
         plain every ``plain_every``-th such round while the plain step of its bucket is
-        unknown, else a neighbouring drafted width every ``explore_every``-th, else ``width``."""
+        unknown; once it is known, plain again every ``refresh_every``-th (at the 3/4 mark of
+        each ``refresh_every`` rounds, off the explorations' multiples of 16 by default), a
+        neighbouring drafted width every ``explore_every``-th, else ``width``."""
         self._steered += 1
         k = bucket(batch)
         if not self._known[0, k]:
             return 1 if self._steered % self._plain_every == 0 else width
+        if self._steered % self._refresh_every == self._refresh_every * 3 // 4:
+            return 1
         if self._steered % self._explore_every:
             return width
         j = self._row[width]
