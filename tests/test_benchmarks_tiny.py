@@ -148,4 +148,3 @@ def test_cpu_attention_times_ours_and_sdpa_on_the_same_answer(tmp_path, capsys):
     for row in result["rows"]:
         assert row["ours_us"] > 0 and row["sdpa_us"] > 0 and row["rel_err_vs_sdpa"] < 1e-5
     assert "| mode | batch |" in capsys.readouterr().out
-

@@ -140,4 +140,3 @@ def test_admission_batch_waits_for_free_seats_and_changes_no_output(tiny_llama):
     # too, then both waiting requests join in one prefill step.
     assert running_1[:3] == [4, 3, 4]
     assert running_2[:5] == [4, 3, 3, 2, 4]
-
