@@ -58,7 +58,7 @@ struct PagedAttentionParams {
   // pass, so a decode row (key split) and the same row inside a verify block (row tiles) round
   // differently; with this set both run the row tiles (benchmarks/gpu_row_exactness.py).
   bool row_tiles_only;
-  // Row-exact mode (DSPINE_ATTN_EXACT=1; attention_exact.h): > 0, split y reads the absolute key
+  // Row-exact mode (DSPINE_ATTN_EXACT=1; plan_exact_segments): > 0, split y reads the absolute key
   // tiles [y * segment_tiles, (y + 1) * segment_tiles), so a row's keys fall into the same
   // splits, summed the same way, in every call (whatever the batch, the block or the graph).
   int segment_tiles;

@@ -12,39 +12,35 @@
 namespace dspine {
 namespace cuda {
 
+// The attention knobs below are environment variables read at every call, so a process (the
+// tests, kernel_bench.py) can change them between calls; a captured CUDA graph keeps what it was
+// captured with. env_int: the variable as an integer, `unset` when it is missing or empty.
+static int env_int(const char* name, int unset) {
+  const char* env = std::getenv(name);
+  return env && *env ? std::atoi(env) : unset;
+}
+
 // DSPINE_ATTN_SPLITS=n forces the split-KV count of the tensor-core path (a tuning and testing
 // aid: every count gives the same result up to fp32 rounding; 0 or unset keeps the heuristic).
-// Read at every call, so a process can change it; a captured CUDA graph keeps its count.
-static int forced_splits() {
-  const char* env = std::getenv("DSPINE_ATTN_SPLITS");
-  return env ? std::max(0, std::min(128, std::atoi(env))) : 0;
-}
+static int forced_splits() { return std::max(0, std::min(128, env_int("DSPINE_ATTN_SPLITS", 0))); }
 
 // DSPINE_ATTN_SM90 unset or 0 keeps every call off the Hopper wgmma kernel, =1 sends it every
 // shape it supports, =auto lets the batch-dependent heuristic choose (attention_heuristics.h says
-// why that is opt-in). Read at every call, like DSPINE_ATTN_SPLITS (tests and kernel_bench.py
-// compare both paths in one process).
+// why that is opt-in).
 static int forced_sm90() {
   const char* env = std::getenv("DSPINE_ATTN_SM90");
-  if (!env || !*env) return 0;
-  if (std::strcmp(env, "auto") == 0) return gpu::kSm90Auto;
-  return std::atoi(env) != 0 ? 1 : 0;
+  if (env && std::strcmp(env, "auto") == 0) return gpu::kSm90Auto;
+  return env_int("DSPINE_ATTN_SM90", 0) != 0 ? 1 : 0;
 }
 
 // DSPINE_ATTN_KEY_SPLIT=0 runs blocks of <= 16 rows (decode) on the row-tile variant too (a
 // diagnostic of where a decode row and a verify row differ; attention.cuh, row_tiles_only).
-static bool row_tiles_only() {
-  const char* env = std::getenv("DSPINE_ATTN_KEY_SPLIT");
-  return env && *env && std::atoi(env) == 0;
-}
+static bool row_tiles_only() { return env_int("DSPINE_ATTN_KEY_SPLIT", 1) == 0; }
 
 // DSPINE_ATTN_EXACT=1: row-exact attention (attention.cuh, plan_exact_segments): every row of
 // every call summed one way, so greedy speculative output equals autoregressive output token for
 // token on the GPU too. It overrides DSPINE_ATTN_SPLITS and the sm90 path (which never splits).
-static bool exact_rows() {
-  const char* env = std::getenv("DSPINE_ATTN_EXACT");
-  return env && *env && std::atoi(env) != 0;
-}
+static bool exact_rows() { return env_int("DSPINE_ATTN_EXACT", 0) != 0; }
 
 // Launches the Hopper wgmma kernel where the dispatch (attention_heuristics.h) picks it for p;
 // false where the mma.sync or CUDA-core kernels run p instead.
