@@ -33,9 +33,11 @@ using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
   X(paged_attention, at::Tensor,                                                                 \
     (const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,                  \
      const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,          \
-     int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len),          \
+     int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len,           \
+     bool exact),                                                                                \
     "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor kv_lens, "          \
-    "Tensor cu_q, int max_q_len, bool causal, int window, float scale, int max_kv_len=0) -> Tensor") \
+    "Tensor cu_q, int max_q_len, bool causal, int window, float scale, int max_kv_len=0, "      \
+    "bool exact=False) -> Tensor")                                                              \
   X(fused_injection, at::Tensor, (const at::Tensor& h, const at::Tensor& gate_h, const at::Tensor& fproj), \
     "(Tensor h, Tensor gate_h, Tensor fproj) -> Tensor")                                        \
   X(transition_walk, Tensor3,                                                                    \

@@ -156,7 +156,8 @@ def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict 
 # --------------------------------------------------------------------------------------------
 
 def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len: int,
-                    causal: bool, window: int, scale: float, max_kv_len: int = 0) -> torch.Tensor:
+                    causal: bool, window: int, scale: float, max_kv_len: int = 0,
+                    exact: bool = False) -> torch.Tensor:
     """Attention of varlen queries against a paged KV cache (GQA).
 
     ``q [Nq, Hq, D]``; sequence b owns query rows ``cu_q[b]:cu_q[b+1]`` (n_b rows) and keys
@@ -172,13 +173,17 @@ def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len:
     narrower than it. The CPU checks every length and visible page (its lengths and table are on
     the host). CUDA cannot check the device ``kv_lens`` themselves without a sync: a key past the
     table or on a -1 page reads as a zero key, which still takes softmax weight, so an understated
-    ``max_kv_len`` (or none, with a too-narrow table) gives a wrong output without an error."""
+    ``max_kv_len`` (or none, with a too-narrow table) gives a wrong output without an error.
+    ``exact`` (CUDA; the CPU always is) sums every row the same way whatever the call's other
+    rows, so a row verified in a 16-token block is bitwise the row decoded alone: greedy
+    speculative output then equals autoregressive output token for token (docs/DECISIONS.md,
+    "Row-exact attention by default"). ``DSPINE_ATTN_EXACT=1`` turns it on for every call."""
     return _ops.paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
-                                causal, window, scale, max_kv_len)
+                                causal, window, scale, max_kv_len, exact)
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
-                        causal, window, scale, max_kv_len=0):
+                        causal, window, scale, max_kv_len=0, exact=False):
     out = torch.zeros_like(q)
     page_size = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]
@@ -834,7 +839,7 @@ def _register_fakes() -> None:
         return None
 
     @reg(lib + "paged_attention")
-    def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale, max_kv_len=0):
+    def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale, max_kv_len=0, exact=False):
         return torch.empty_like(q)
 
     @reg(lib + "fused_injection")

@@ -104,6 +104,17 @@ def test_generate_draft_block_reaches_the_engine_settings(argv, expected):
     assert spec_settings(args)["draft_block"] == expected
 
 
+@pytest.mark.parametrize("argv,expected", [([], "exact"), (["--attention", "fast"], "fast")])
+def test_attention_flag_reaches_the_engine_settings(argv, expected):
+    from dspine_engine.cli.bench import build_parser as bench_parser
+    from dspine_engine.cli.generate import build_parser, spec_settings
+
+    assert spec_settings(build_parser().parse_args(argv + ["--quiet", "hi"]))["attention"] == expected
+    assert bench_parser().parse_args(["e2e"] + argv).attention == expected
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--attention", "exactly", "hi"])
+
+
 def test_generate_default_drafter_on_the_default_model():
     out = _run(["dspine_engine.cli.generate", "--draft", "default", "--device", "cpu",
                 "--max-new-tokens", "24", "--quiet", "--json-stats", "Write a Python hello world."])

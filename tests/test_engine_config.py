@@ -28,6 +28,8 @@ from random_drafts import write_tiny_random_draft
     (dict(cpu_threads=0), "cpu_threads must be a positive integer or None, got 0"),
     (dict(cpu_threads=2.0), "cpu_threads"), (dict(cpu_threads=True), "cpu_threads"),
     (dict(cpu_threads=5000), "cpu_threads must be at most 4096"),
+    (dict(attention="exactly"), "attention must be one of exact, fast, got 'exactly'"),
+    (dict(attention=True), "attention must be one of"),
 ])
 def test_bad_settings_are_refused_before_loading(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -61,6 +63,16 @@ def test_config_object_and_keywords(tiny_llama):
         eng.max_num_seqs = 4  # above the configured limit
     eng.max_num_seqs = 1
     assert eng.generate(["a", "b"], SamplingParams(max_tokens=3))[1].finish_reason != "error"
+
+
+@pytest.mark.parametrize("kw,exact", [({}, True), ({"attention": "exact"}, True),
+                                      ({"attention": "fast"}, False)])
+def test_attention_setting_reaches_the_target(tiny_llama, kw, exact):
+    """Row-exact attention is the default; the engine's target runs the mode it was given (a
+    model loaded on its own runs "fast")."""
+    eng = Engine(tiny_llama, progress=False, kv_cache_tokens=512, **kw)
+    assert eng.config.attention == ("exact" if exact else "fast")
+    assert eng.target.exact_attention is exact
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")

@@ -4,6 +4,7 @@ The kernels run on the GPU; each reference (dspine_engine.ops.*_ref) runs in fp3
 the same inputs. Memory a kernel must not read holds NaN, memory it must not write starts as NaN,
 and NaN/inf in an output never passes. Run: python -m pytest -q -m gpu tests/test_kernels_gpu.py
 """
+import functools
 import math
 
 import pytest
@@ -236,32 +237,37 @@ EXACT_ROWS = [(16, 70, 0, 9, 3, 64), (5, 1000, 0, 9, 3, 64), (7, 249, 0, 9, 3, 6
               (16, 600, 64, 9, 3, 64), (16, 2100, 0, 32, 8, 128), (16, 300, 0, 8, 2, 256)]
 
 
+@pytest.mark.parametrize("via", ["argument", "env"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,context,window,hq,hkv,d", EXACT_ROWS)
-def test_exact_mode_verify_rows_are_the_decoded_rows(n, context, window, hq, hkv, d, dtype,
+def test_exact_mode_verify_rows_are_the_decoded_rows(n, context, window, hq, hkv, d, dtype, via,
                                                      monkeypatch):
-    """Greedy speculative == autoregressive on the GPU rests on this: with DSPINE_ATTN_EXACT=1,
-    query i of a causal block (the verify) gets bit for bit what decoding it alone gets, what
-    decoding it beside another sequence gets, under table bounds that give other split counts
-    (a CUDA graph's full width; a table just wide enough). The default kernels fail it (benchmarks/gpu_row_exactness.py: 0% of rows)."""
-    monkeypatch.setenv("DSPINE_ATTN_EXACT", "1")
+    """Greedy speculative == autoregressive on the GPU rests on this: in the exact mode (the
+    op's ``exact=True``, which the engine passes by default, or DSPINE_ATTN_EXACT=1 for every
+    call), query i of a causal block (the verify) gets bit for bit what decoding it alone gets,
+    what decoding it beside another sequence gets, under table bounds that give other split
+    counts (a CUDA graph's full width; a table just wide enough). The "fast" kernels fail it
+    (benchmarks/gpu_row_exactness.py: 0% of rows)."""
+    if via == "env":
+        monkeypatch.setenv("DSPINE_ATTN_EXACT", "1")
+    attention = functools.partial(ops.paged_attention, exact=via == "argument")
     other = context // 2 + 3
     (q, kc, vc, bt, kl, cu, mq), _ = attention_inputs([n, 1], [context + n, other], hq, hkv, d, 16,
                                                       dtype, DEV, 90 + n + window + d, window=window)
     scale = 1 / math.sqrt(d)
-    block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, window, scale)
+    block = attention(q, kc, vc, bt, kl, cu, mq, True, window, scale)
     one, two = (torch.tensor(c, dtype=torch.int32, device=DEV) for c in ([0, 1], [0, 1, 2]))
     bound = bt.shape[1] * 16
     for i in range(n):
         kv_i = context + i + 1
         # Alone with a table just wide enough (fewer segments: one below 256 keys, where the
         # output is stored directly instead of folded), beside another sequence at the full bound.
-        alone = ops.paged_attention(q[i:i + 1].clone(), kc, vc, bt[:1, :(kv_i + 15) // 16].clone(),
-                                    torch.tensor([kv_i], dtype=torch.int32, device=DEV), one, 1,
-                                    True, window, scale)
-        beside = ops.paged_attention(torch.cat([q[i:i + 1], q[n:n + 1]]), kc, vc, bt,
-                                     torch.tensor([kv_i, other], dtype=torch.int32, device=DEV), two,
-                                     1, True, window, scale, bound)
+        alone = attention(q[i:i + 1].clone(), kc, vc, bt[:1, :(kv_i + 15) // 16].clone(),
+                          torch.tensor([kv_i], dtype=torch.int32, device=DEV), one, 1,
+                          True, window, scale)
+        beside = attention(torch.cat([q[i:i + 1], q[n:n + 1]]), kc, vc, bt,
+                           torch.tensor([kv_i, other], dtype=torch.int32, device=DEV), two,
+                           1, True, window, scale, bound)
         for name, got in (("alone", alone[0]), ("beside another sequence", beside[0])):
             assert torch.equal(got.view(torch.int16), block[i].view(torch.int16)), f"query {i} of {n}, {name}"
 

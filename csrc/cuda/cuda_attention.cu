@@ -67,7 +67,8 @@ static bool launched_sm90(gpu::PagedAttentionParams& p) {
 
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
-                           int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len) {
+                           int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len,
+                           bool exact_arg) {
   check_device("paged_attention", q_in, k_cache, v_cache, block_tables, kv_lens, cu_q);
   const c10::cuda::CUDAGuard guard(q_in.device());
   check_attention_args(q_in, k_cache, v_cache, block_tables, kv_lens, cu_q, max_kv_len);
@@ -106,7 +107,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   p.scale = static_cast<float>(scale);
   p.row_tiles_only = row_tiles_only();
   TORCH_CHECK(max_q_len * (p.q_heads / p.kv_heads) <= 64LL * 65535, "paged_attention: max_q_len is too large");
-  const bool exact = exact_rows();
+  const bool exact = exact_arg || exact_rows();
   at::Tensor workspace;
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ..lossless import compare_with_ties, describe
-from .generate import _positive_int, add_parallel_argument, format_lengths
+from .generate import _positive_int, add_attention_argument, add_parallel_argument, format_lengths
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--spec-calibration", action="store_true",
                    help="correct the verify-cost profile online from the rounds' observed times "
                         "(auto policy) instead of planning from it as measured")
+    add_attention_argument(e)
     return p
 
 
@@ -181,7 +182,7 @@ def cmd_e2e(args) -> dict:
                         progress=not args.quiet, max_num_seqs=max(args.concurrency),
                         spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
                         reprofile=args.reprofile and path is not None,
-                        spec_calibration=args.spec_calibration,
+                        spec_calibration=args.spec_calibration, attention=args.attention,
                         tensor_parallel_size=args.tensor_parallel_size)
         for c in args.concurrency:
             row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet,

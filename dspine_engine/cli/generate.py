@@ -42,7 +42,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     """--spec-policy, --num-speculative-tokens, --reprofile, --spec-calibration,
-    --draft-block (generate, serve)."""
+    --draft-block, --attention (generate, serve)."""
     p.add_argument("--spec-policy", choices=("auto", "fixed"), default="auto",
                    help="how many drafts a round verifies: 'auto' (default) chooses per round "
                         "and request, 0 (plain decoding) up to --num-speculative-tokens, from "
@@ -63,6 +63,17 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
                    help="what a draft forward runs over: 'full' the whole block, 'verified' "
                         "the drafts the round verifies only (proposals change a little, output "
                         "never), 'auto' (default) verified on the CPU, full on CUDA")
+    add_attention_argument(p)
+
+
+def add_attention_argument(p: argparse.ArgumentParser) -> None:
+    """--attention (generate, serve, bench e2e)."""
+    p.add_argument("--attention", choices=("exact", "fast"), default="exact",
+                   help="the target's attention on CUDA: 'exact' (default) computes every row "
+                        "one way, so greedy speculative output is the autoregressive output "
+                        "token for token and no output depends on the batch; 'fast' lets the "
+                        "kernels split by shape (greedy outputs may then part at near-ties). "
+                        "The CPU is exact either way")
 
 
 def add_parallel_argument(p: argparse.ArgumentParser) -> None:
@@ -87,7 +98,7 @@ def spec_settings(args) -> dict:
     """The Engine keywords of the verification flags."""
     return dict(spec_policy=args.spec_policy, num_speculative_tokens=args.num_speculative_tokens,
                 reprofile=args.reprofile, spec_calibration=args.spec_calibration,
-                draft_block=args.draft_block)
+                draft_block=args.draft_block, attention=args.attention)
 
 
 def build_parser() -> argparse.ArgumentParser:

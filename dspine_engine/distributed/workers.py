@@ -141,10 +141,11 @@ class WorkerGroup:
         """Shards rank 0's copy of the target and returns it as the engine's target."""
         return DrivenTarget(shard_target(target, 0, self.world), self)
 
-    def setup(self, max_position: int, num_pages: int, page_size: int) -> None:
-        """Tells every worker the engine's reach and KV pool (rank 0's cache manager sized
-        it), then waits until each has loaded its shard and allocated its pages."""
-        self._send(("setup", max_position, num_pages, page_size))
+    def setup(self, max_position: int, num_pages: int, page_size: int,
+              exact_attention: bool) -> None:
+        """Tells every worker the engine's reach, KV pool (rank 0's cache manager sized it) and
+        attention mode, then waits until each has loaded its shard and allocated its pages."""
+        self._send(("setup", max_position, num_pages, page_size, exact_attention))
         self._await("ready", START_TIMEOUT_S)
 
     # ------------------------------------------------------------------ forwards

@@ -21,6 +21,7 @@ _POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_
                   "tensor_parallel_size")
 _OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len", "cpu_threads")
 DRAFT_BLOCKS = ("auto", "full", "verified")
+ATTENTION_MODES = ("exact", "fast")
 
 
 @dataclass
@@ -51,6 +52,13 @@ class EngineConfig:
     # output never), "auto" verified on the CPU (the cost grows with the rows there), full on
     # CUDA (a block costs what a few rows cost, and graphs capture the whole block).
     draft_block: str = "auto"
+    # The target's attention on CUDA: "exact" sums every row one way whatever the batch and the
+    # block around it, so greedy speculative output equals autoregressive output token for
+    # token and a request's output does not depend on its neighbours; "fast" lets the kernels
+    # split keys by batch and block shape (rows then differ in their last bits, and greedy
+    # outputs may part at near-ties). The CPU is exact either way. DECISIONS.md, "Row-exact
+    # attention by default", gives the measured cost.
+    attention: str = "exact"
     # Ranks the target is sharded over (distributed/): 1 = this process alone; N > 1 starts
     # N - 1 worker processes (the layout is checked against the target before they start).
     tensor_parallel_size: int = 1
@@ -96,6 +104,9 @@ class EngineConfig:
         if self.draft_block not in DRAFT_BLOCKS:
             raise ValueError(f"draft_block must be one of {', '.join(DRAFT_BLOCKS)}, got "
                              f"{self.draft_block!r}")
+        if self.attention not in ATTENTION_MODES:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got "
+                             f"{self.attention!r}")
         if self.spec_policy not in POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(POLICIES)}, got "
                              f"{self.spec_policy!r}")

@@ -146,7 +146,7 @@ class Engine:
                  num_speculative_tokens=_DEFAULT, spec_cost_profile=_DEFAULT,
                  reprofile=_DEFAULT, spec_calibration=_DEFAULT,
                  tensor_parallel_size=_DEFAULT, cpu_threads=_DEFAULT,
-                 draft_block=_DEFAULT, progress: bool = True,
+                 draft_block=_DEFAULT, attention=_DEFAULT, progress: bool = True,
                  config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
@@ -170,6 +170,10 @@ class Engine:
         ``draft_block`` says what a draft forward runs over: "full" (the whole block), "verified"
         (the anchor and the drafts the round verifies: cheaper where rows cost, proposals change
         a little, output never) or "auto" (default: verified on the CPU, full on CUDA).
+        ``attention`` "exact" (default) computes every attention row of the target one way on
+        CUDA, so greedy speculative output is the autoregressive output token for token and
+        no request's output depends on the batch; "fast" lets the kernels split by shape
+        (outputs may then part at near-ties). The CPU is exact either way.
         ``tensor_parallel_size`` N > 1 shards the target over N processes (this one and N - 1
         workers it starts; distributed/): the API and the outputs stay those of one process;
         `close()` (or ``with Engine(...)``, or the interpreter's exit) stops the workers.
@@ -188,7 +192,7 @@ class Engine:
             num_speculative_tokens=num_speculative_tokens, spec_cost_profile=spec_cost_profile,
             reprofile=reprofile, spec_calibration=spec_calibration,
             tensor_parallel_size=tensor_parallel_size,
-            cpu_threads=cpu_threads, draft_block=draft_block).items()
+            cpu_threads=cpu_threads, draft_block=draft_block, attention=attention).items()
             if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
@@ -212,6 +216,7 @@ class Engine:
         self.tokenizer = Tokenizer(target_dir)
         self.target = (load_gguf_target(gguf_path, progress) if self.quantized else
                        TargetModel.load(target_dir, self.device, self.dtype, progress=progress))
+        self.target.exact_attention = self.config.attention == "exact"
         cfg: TargetConfig = self.target.config
         self.draft = None
         if draft is not None:
@@ -229,7 +234,8 @@ class Engine:
         c = self.config
         self.cache = self._build_cache_manager()
         if self._workers is not None:
-            self._workers.setup(c.max_position, self.cache.target.pool.num_pages, c.page_size)
+            self._workers.setup(c.max_position, self.cache.target.pool.num_pages, c.page_size,
+                                self.target.exact_attention)
         self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_prefill_tokens,
                                    c.admission_batch)
         use_graphs = c.cuda_graphs and self.device.type == "cuda" and self._workers is None

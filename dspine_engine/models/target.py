@@ -53,6 +53,9 @@ class TargetModel:
         self.dtype = embed.dtype
         self.cos_sin = self._rope_table(config.max_position_embeddings)
         self.scale = 1.0 / math.sqrt(config.head_dim)
+        # Row-exact attention (ops.paged_attention, exact): the engine sets it from its
+        # `attention` setting; a model used on its own (training capture, tests) runs "fast".
+        self.exact_attention = False
 
     # ---------------------------------------------------------------------------- loading
     @classmethod
@@ -170,7 +173,8 @@ class TargetModel:
         ops.write_kv(k, v, meta.positions, self.cos_sin, k_cache, v_cache, meta.slots)
         attn = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.kv_lens,
                                    meta.cu_q, meta.max_q_len, meta.causal, layer.window,
-                                   self.scale, meta.max_kv_len).view(n, q_size)
+                                   self.scale, meta.max_kv_len,
+                                   self.exact_attention).view(n, q_size)
         if layer.output_gate:
             attn = attn * torch.sigmoid(qkv[:, q_size + 2 * kv_size:])
         return layer.o(attn)
