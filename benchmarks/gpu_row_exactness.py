@@ -5,7 +5,8 @@ shapes (SmolLM2-135M: 9 query heads, 3 KV heads, head dim 64, hidden 576), bitwi
    (one query, its position's keys) and inside a decode batch (one row of every sequence),
    under the attention knobs: default; DSPINE_ATTN_SPLITS=1 (one key split); DSPINE_ATTN_KEY_SPLIT=0
    (decode rows on the row-tile variant, as verify rows); both; DSPINE_ATTN_EXACT=1 (the
-   row-exact mode: row tiles split at absolute 256-key segments);
+   row-exact mode: row tiles split at absolute 256-key segments) and =2 (its key-split form:
+   every block of <= 16 tokens on the key split, 16 rows a CTA);
 2. GEMM (F.linear, cuBLAS): each row of a [16 b, K] verify input against the same row alone and
    inside the [b, K] decode batch, for the model's projection shapes.
 
@@ -33,7 +34,7 @@ GEMM_SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down
 KNOBS = {"default": {}, "one_split": {"DSPINE_ATTN_SPLITS": "1"},
          "row_tiles": {"DSPINE_ATTN_KEY_SPLIT": "0"},
          "row_tiles_one_split": {"DSPINE_ATTN_KEY_SPLIT": "0", "DSPINE_ATTN_SPLITS": "1"},
-         "exact": {"DSPINE_ATTN_EXACT": "1"}}
+         "exact": {"DSPINE_ATTN_EXACT": "1"}, "exact_key_split": {"DSPINE_ATTN_EXACT": "2"}}
 KNOB_NAMES = sorted({name for env in KNOBS.values() for name in env})
 
 

@@ -48,6 +48,10 @@
 #               verify row bitwise the decoded row, per attention knob; GEMMs), the row-exact
 #               kernel tests and the greedy lossless engine tests (tie-checked, and exact under
 #               the row-exact knobs).                                                   ~3 min
+#               MEASURE="exactab" (not in the default set): the row-exact attention's price:
+#               kernel_bench.py --exact (both forms), then dspine-bench e2e at c=64/8/1 with
+#               --attention fast, exact, and exact on the key split (DSPINE_ATTN_EXACT=2), in
+#               turn, twice.                                                             ~9 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -342,7 +346,7 @@ if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR .
   timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$drafter $also \
     --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
   say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack;; esac
-  case " $MEASURE " in *" e2e "*|*" policytrace "*)  # the end-to-end prompts: 40 MT-Bench + 40 HumanEval
+  case " $MEASURE " in *" e2e "*|*" policytrace "*|*" exactab "*)  # the end-to-end prompts: 40 MT-Bench + 40 HumanEval
   python3 -c "
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
 ps = mtbench_prompts()[:40] + humaneval_prompts()[:40]
@@ -353,6 +357,19 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
     --draft dspine=$drafter --spec-policy fixed auto --reprofile --stop-at-eos --concurrency 64 32 8 1 \
     --out $R --name e2e_h200 --quiet > $R/logs/e2e.log 2>&1
   say "e2e rc $?"; pack;; esac
+  case " $MEASURE " in *" exactab "*)  # the row-exact attention's price: kernels, then end to end
+  timeout 120 python3 benchmarks/kernel_bench.py --attention-only --modes decode verify --exact \
+    --out $R > $R/logs/kernel_exact.log 2>&1
+  say "kernel bench --exact rc $?"
+  # --attention fast / exact (row tiles) / exact on the key split (DSPINE_ATTN_EXACT=2), in turn, twice.
+  for rep in 1 2; do for form in fast exact exact_ks; do
+    att=$form; env=""; [ $form = exact_ks ] && { att=fast; env="DSPINE_ATTN_EXACT=2"; }
+    env $env timeout 65 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl \
+      --max-new-tokens 256 --draft dspine=$drafter --spec-policy fixed --stop-at-eos \
+      --concurrency 64 8 1 --attention $att --out $R --name exactab_${form}_$rep --quiet \
+      > $R/logs/exactab_${form}_$rep.log 2>&1
+    say "exactab $form $rep rc $?: $(grep -E 'c=' $R/logs/exactab_${form}_$rep.log | cut -c1-40 | tr '\n' ';')"
+  done; done; pack;; esac
   case " $MEASURE " in *" policytrace "*)  # issue 11: auto vs fixed at c=1, each a fresh engine
   # (e2e's c=1 runs after c=64/32/8 on the same engines), twice, and the process's threads mid-run
   head -40 $S/e2e_prompts.jsonl > $S/trace_prompts.jsonl

@@ -21,7 +21,8 @@ step, where the other layers evict it). Writes benchmarks/results/kernels_<devic
 auto (the batch-dependent heuristic),
 on / off (the wgmma kernel wherever it applies / never), or compare: every attention row also
 times ours with it off and on (ours_mma_us, ours_sm90_us; ours_us stays the heuristic's), so one
-run measures before and after. --exact adds ours in the row-exact mode per row (ours_exact_us).
+run measures before and after. --exact adds ours in the row-exact mode per row, both forms
+(ours_exact_us: row tiles, the engine's default; ours_exact_ks_us: the key split).
 """
 from __future__ import annotations
 
@@ -298,10 +299,15 @@ def sm90_launches() -> int:
     return op() if op is not None else 0
 
 
-def timed_exact(ours, timer: Timer) -> float:
-    """Ours in the row-exact mode (DSPINE_ATTN_EXACT=1: row tiles at absolute key segments),
-    what a row computed one way in every call costs against the default kernels."""
-    os.environ["DSPINE_ATTN_EXACT"] = "1"
+# The row-exact mode's two forms (DSPINE_ATTN_EXACT): row tiles (the engine's default) and the
+# key-split variant for every block of <= 16 tokens (attention.cuh, plan_exact_segments).
+EXACT_FORMS = {"1": "ours_exact_us", "2": "ours_exact_ks_us"}
+
+
+def timed_exact(ours, timer: Timer, form: str) -> float:
+    """Ours in a row-exact form (absolute key segments), what a row computed one way in every
+    call costs against the default kernels."""
+    os.environ["DSPINE_ATTN_EXACT"] = form
     try:
         return timer(ours)
     finally:
@@ -324,7 +330,8 @@ def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict, sm90: str = "
             row[key] = t if mode == "0" or sm90_launches() > before else None  # None: not applicable
         set_sm90("auto")
     if exact:
-        row["ours_exact_us"] = timed_exact(ours, timer)
+        for form, key in EXACT_FORMS.items():
+            row[key] = timed_exact(ours, timer, form)
     torch.cuda.empty_cache()
     row["sdpa_backend"], row["sdpa_us"] = best_sdpa(cfg, timer)
     row["flex_us"] = None
@@ -431,15 +438,16 @@ def markdown(result: dict) -> str:
              f"{c['bf16_matmul_TFLOPs']:.0f} TFLOP/s.", "",
              "Attention (bf16; ours: paged cache, page 16; SDPA/Flex: contiguous K/V of the visible keys):", "",
              "| shape | mode | ctx | window | batch | ours us | TFLOP/s | GB/s | %BW | %MMA | SDPA us (backend) "
-             "| Flex us | speedup | path | mma us | sm90 us | exact us |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| Flex us | speedup | path | mma us | sm90 us | exact us | exact key-split us |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["attention"]:
         lines.append(
             f"| {r['shape']} | {r['mode']} | {r['ctx']} | {r['window'] or '-'} | {r['batch']} | {fmt(r['ours_us'])} "
             f"| {fmt(r['ours_TFLOPs'])} | {fmt(r['ours_GBps'], '.0f')} | {fmt(100 * r['frac_bw'], '.0f')} "
             f"| {fmt(100 * r['frac_mma'], '.0f')} | {fmt(r['sdpa_us'])} ({r['sdpa_backend'] or '-'}) "
             f"| {fmt(r['flex_us'])} | {fmt(r['speedup_vs_best_alt'], '.2f')} | {r.get('ours_path', '-')} "
-            f"| {fmt(r.get('ours_mma_us'))} | {fmt(r.get('ours_sm90_us'))} | {fmt(r.get('ours_exact_us'))} |")
+            f"| {fmt(r.get('ours_mma_us'))} | {fmt(r.get('ours_sm90_us'))} | {fmt(r.get('ours_exact_us'))} "
+            f"| {fmt(r.get('ours_exact_ks_us'))} |")
     if "injection" not in result:  # --attention-only
         return "\n".join(lines)
     inj = result["injection"]
@@ -469,7 +477,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sm90", choices=["auto", "on", "off", "compare"], default="auto",
                         help="Hopper attention kernel: heuristic, forced on/off, or both timed per row")
     parser.add_argument("--exact", action="store_true",
-                        help="also time ours in the row-exact mode (DSPINE_ATTN_EXACT=1) per row")
+                        help="also time ours in the row-exact mode per row, both forms "
+                             "(DSPINE_ATTN_EXACT=1 row tiles, =2 key split)")
     args = parser.parse_args(argv)
     set_sm90(SM90_ENV["auto" if args.sm90 == "compare" else args.sm90])
     if not torch.cuda.is_available():

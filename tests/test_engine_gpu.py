@@ -185,7 +185,8 @@ def test_greedy_lossless_on_gpu(spec_engine, smollm2_dir, real_prompts):
 FAST_ATTENTION_KNOBS = {"fast": {},
                         "fast_row_tiles_one_split": {"DSPINE_ATTN_KEY_SPLIT": "0",
                                                      "DSPINE_ATTN_SPLITS": "1"},
-                        "fast_env_exact": {"DSPINE_ATTN_EXACT": "1"}}
+                        "fast_env_exact": {"DSPINE_ATTN_EXACT": "1"},
+                        "fast_env_exact_key_split": {"DSPINE_ATTN_EXACT": "2"}}
 
 
 @pytest.mark.parametrize("knobs", FAST_ATTENTION_KNOBS.values(), ids=FAST_ATTENTION_KNOBS.keys())
@@ -194,7 +195,8 @@ def test_greedy_lossless_with_fast_attention(smollm2_dir, draft_dir, real_prompt
     """attention="fast" splits keys by shape, so a verify row and the decoded row may differ in
     their last bits: outputs may part only at near-ties (what holds in bf16, DECISIONS.md). Two
     ways back to token-identical outputs: the diagnostic knobs (decode on the row tiles, one key
-    split) and DSPINE_ATTN_EXACT=1 (the exact mode for every call of the process)."""
+    split) and DSPINE_ATTN_EXACT=1 or 2 (the exact mode, either form, for every call of the
+    process)."""
     for name, value in knobs.items():
         monkeypatch.setenv(name, value)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)

@@ -220,12 +220,14 @@ def test_paged_attention(case, dtype):
     assert rel_err_fp32(got, ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("form", ["1", "2"], ids=["row_tiles", "key_split"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", ATTN_CASES, ids=ATTN_IDS)
-def test_paged_attention_exact_mode(case, dtype, monkeypatch):
-    """DSPINE_ATTN_EXACT=1 (row tiles split at absolute 256-key segments) against the reference,
-    on the same poisoned cases: no unseen key read, every mode, window and page size."""
-    monkeypatch.setenv("DSPINE_ATTN_EXACT", "1")
+def test_paged_attention_exact_mode(case, dtype, form, monkeypatch):
+    """The row-exact mode's two forms (DSPINE_ATTN_EXACT=1: row tiles split at absolute 256-key
+    segments; =2: the key split for every block of <= 16 tokens, 16 rows a CTA) against the
+    reference, on the same poisoned cases: no unseen key read, every mode, window and page size."""
+    monkeypatch.setenv("DSPINE_ATTN_EXACT", form)
     pad = 2 * case[4] * case[5] if ATTN_IDS.index(case[0]) % 2 else 0
     got, ref = _run_attention(case, dtype, seed=50 + ATTN_IDS.index(case[0]), q_row_pad=pad)
     assert rel_err_fp32(got, ref) < TOL[dtype]
@@ -237,7 +239,7 @@ EXACT_ROWS = [(16, 70, 0, 9, 3, 64), (5, 1000, 0, 9, 3, 64), (7, 249, 0, 9, 3, 6
               (16, 600, 64, 9, 3, 64), (16, 2100, 0, 32, 8, 128), (16, 300, 0, 8, 2, 256)]
 
 
-@pytest.mark.parametrize("via", ["argument", "env"])
+@pytest.mark.parametrize("via", ["argument", "env", "env_key_split"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n,context,window,hq,hkv,d", EXACT_ROWS)
 def test_exact_mode_verify_rows_are_the_decoded_rows(n, context, window, hq, hkv, d, dtype, via,
@@ -248,8 +250,8 @@ def test_exact_mode_verify_rows_are_the_decoded_rows(n, context, window, hq, hkv
     what decoding it beside another sequence gets, under table bounds that give other split
     counts (a CUDA graph's full width; a table just wide enough). The "fast" kernels fail it
     (benchmarks/gpu_row_exactness.py: 0% of rows)."""
-    if via == "env":
-        monkeypatch.setenv("DSPINE_ATTN_EXACT", "1")
+    if via != "argument":
+        monkeypatch.setenv("DSPINE_ATTN_EXACT", "2" if via == "env_key_split" else "1")
     attention = functools.partial(ops.paged_attention, exact=via == "argument")
     other = context // 2 + 3
     (q, kc, vc, bt, kl, cu, mq), _ = attention_inputs([n, 1], [context + n, other], hq, hkv, d, 16,

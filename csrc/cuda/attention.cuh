@@ -58,6 +58,10 @@ struct PagedAttentionParams {
   // pass, so a decode row (key split) and the same row inside a verify block (row tiles) round
   // differently; with this set both run the row tiles (benchmarks/gpu_row_exactness.py).
   bool row_tiles_only;
+  // Blocks of any number of rows on the key-split variant, 16 rows a CTA (the row-exact mode's
+  // key-split form, DSPINE_ATTN_EXACT=2; plan_exact_segments): a row is then summed in the same
+  // four warp slices whether it is decoded alone or sits in a verify block.
+  bool key_split_any_rows;
   // Row-exact mode (DSPINE_ATTN_EXACT=1; plan_exact_segments): > 0, split y reads the absolute key
   // tiles [y * segment_tiles, (y + 1) * segment_tiles), so a row's keys fall into the same
   // splits, summed the same way, in every call (whatever the batch, the block or the graph).
@@ -686,7 +690,8 @@ inline bool attention_uses_mma(bool half_precision, int head_dim) {
 // The key-split variant runs every call whose row tiles hold at most 16 rows (decode: the GQA
 // group; a short block of a small group).
 inline bool attention_key_split(const PagedAttentionParams& p) {
-  return !p.row_tiles_only && static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads) <= mma_block_m(true);
+  return !p.row_tiles_only &&
+         (p.key_split_any_rows || static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads) <= mma_block_m(true));
 }
 
 inline int64_t attention_row_tiles(const PagedAttentionParams& p) {
@@ -747,11 +752,18 @@ int mma_ctas_per_sm() {
 // sum; DECISIONS "What lossless means on a GPU"). Returns false, leaving p to the planner,
 // where a block's bound needs more than kMaxSplits segments (contexts past 32K keys), and off the
 // tensor cores (the CUDA-core kernel walks a row's keys in order in one warp: row-exact already).
+// key_split (DSPINE_ATTN_EXACT=2, a measurement): the blocks of up to kExactSegmentMaxQ tokens run
+// the key-split variant instead, 16 rows a CTA, so a decode keeps the four warps the row tiles
+// leave idle (3-4 real rows of an mma's 16) while a verify block of 48-64 rows reads each K/V
+// tile once per 16 rows (3-4 CTAs, mostly from L2). Its one gap: a prompt of <= 16 tokens is then
+// prefilled on the key split when the call's longest block is that short and on the row tiles
+// beside a longer prompt, so its first token may depend on its batch (chat templates make
+// prompts longer than 16 tokens).
 constexpr int kExactSegmentKeys = 256;
 constexpr int kExactSegmentMaxQ = 16;
 
 template <typename T>
-bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len) {
+bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len, bool key_split = false) {
   if constexpr (std::is_same<T, float>::value) {
     return false;
   } else {
@@ -760,13 +772,15 @@ bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len) {
     p.segment_tiles = 0;
     if (p.max_q_len > kExactSegmentMaxQ) {  // a prefill chunk: the row tiles, unsplit
       p.row_tiles_only = true;
+      p.key_split_any_rows = false;
       p.num_splits = 1;
       return true;
     }
     const int64_t bound = max_kv_len > 0 ? max_kv_len : static_cast<int64_t>(p.max_pages) * p.page_size;
     const int64_t segments = (bound + kExactSegmentKeys - 1) / kExactSegmentKeys;
     if (segments > kMaxSplits) return false;
-    p.row_tiles_only = true;  // before visit_mma_tile: it picks the variant
+    p.row_tiles_only = !key_split;  // before visit_mma_tile: these two pick the variant
+    p.key_split_any_rows = key_split;
     p.num_splits = segments > 1 ? static_cast<int>(segments) : 1;
     visit_mma_tile<T>(p, [&](auto tile) { p.segment_tiles = kExactSegmentKeys / decltype(tile)::kBlockN; });
     return true;

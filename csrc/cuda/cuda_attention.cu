@@ -37,10 +37,12 @@ static int forced_sm90() {
 // diagnostic of where a decode row and a verify row differ; attention.cuh, row_tiles_only).
 static bool row_tiles_only() { return env_int("DSPINE_ATTN_KEY_SPLIT", 1) == 0; }
 
-// DSPINE_ATTN_EXACT=1: row-exact attention (attention.cuh, plan_exact_segments): every row of
-// every call summed one way, so greedy speculative output equals autoregressive output token for
-// token on the GPU too. It overrides DSPINE_ATTN_SPLITS and the sm90 path (which never splits).
-static bool exact_rows() { return env_int("DSPINE_ATTN_EXACT", 0) != 0; }
+// DSPINE_ATTN_EXACT=1: row-exact attention (attention.cuh, plan_exact_segments) for every call of
+// the process, as the op's `exact` argument (the engine's default) gives one call: every row
+// summed one way, so greedy speculative output equals autoregressive output token for token on
+// the GPU too. =2: the same on the key-split variant (a measurement, attention.cuh says what it
+// trades). Either overrides DSPINE_ATTN_SPLITS and the sm90 path (which never splits).
+static int exact_env() { return env_int("DSPINE_ATTN_EXACT", 0); }
 
 // Launches the Hopper wgmma kernel where the dispatch (attention_heuristics.h) picks it for p;
 // false where the mma.sync or CUDA-core kernels run p instead.
@@ -107,12 +109,13 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   p.scale = static_cast<float>(scale);
   p.row_tiles_only = row_tiles_only();
   TORCH_CHECK(max_q_len * (p.q_heads / p.kv_heads) <= 64LL * 65535, "paged_attention: max_q_len is too large");
-  const bool exact = exact_arg || exact_rows();
+  const int exact_mode = exact_env();
+  const bool exact = exact_arg || exact_mode != 0;
   at::Tensor workspace;
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);
     if (!exact && launched_sm90<T>(p)) return;
-    if (!(exact && gpu::plan_exact_segments<T>(p, max_kv_len)))
+    if (!(exact && gpu::plan_exact_segments<T>(p, max_kv_len, exact_mode == 2)))
       gpu::plan_attention_splits<T>(p, num_sms(), max_kv_len, forced_splits());
     if (p.num_splits > 1) {
       workspace = at::empty({gpu::attention_workspace_floats(p)}, q.options().dtype(at::kFloat));
