@@ -38,6 +38,7 @@ using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
     "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor kv_lens, "          \
     "Tensor cu_q, int max_q_len, bool causal, int window, float scale, int max_kv_len=0, "      \
     "bool exact=False) -> Tensor")                                                              \
+  X(silu_mul, at::Tensor, (const at::Tensor& x), "(Tensor x) -> Tensor")                        \
   X(fused_injection, at::Tensor, (const at::Tensor& h, const at::Tensor& gate_h, const at::Tensor& fproj), \
     "(Tensor h, Tensor gate_h, Tensor fproj) -> Tensor")                                        \
   X(transition_walk, Tensor3,                                                                    \

@@ -112,6 +112,12 @@ void check_write_kv_args(const at::Tensor& k, const at::Tensor& v, const at::Ten
   if (cos_sin.numel() > 0) check_rope_table(positions, cos_sin, k.size(0), k.size(2));
 }
 
+void check_silu_mul_args(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "silu_mul: x must be [rows, 2 * inter], got ", x.sizes());
+  TORCH_CHECK(at::isFloatingType(x.scalar_type()), "silu_mul: x must be a floating tensor, got ",
+              x.scalar_type());
+}
+
 void check_injection_args(const at::Tensor& h, const at::Tensor& gate_h, const at::Tensor& fproj) {
   TORCH_CHECK(h.dim() == 3, "fused_injection: h must be [n, block, hidden]");
   TORCH_CHECK(gate_h.sizes() == h.sizes(), "fused_injection: gate_h must match h");

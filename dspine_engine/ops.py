@@ -212,6 +212,22 @@ def paged_attention_ref(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_
 
 
 # --------------------------------------------------------------------------------------------
+# The gated MLP's activation
+# --------------------------------------------------------------------------------------------
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(x[:, :I]) * x[:, I:]`` for ``x [N, 2I]`` (the gate_up projection's output): the
+    gated MLP's activation in one kernel, fp32 math, rounded once to x's dtype."""
+    return _ops.silu_mul(x)
+
+
+def silu_mul_ref(x):
+    inter = x.shape[-1] // 2
+    xf = x.float()
+    return (torch.nn.functional.silu(xf[:, :inter]) * xf[:, inter:]).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
 # Fused adjacent causal injection (DSpine)
 # --------------------------------------------------------------------------------------------
 
@@ -841,6 +857,10 @@ def _register_fakes() -> None:
     @reg(lib + "paged_attention")
     def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale, max_kv_len=0, exact=False):
         return torch.empty_like(q)
+
+    @reg(lib + "silu_mul")
+    def _(x):
+        return x.new_empty((x.shape[0], x.shape[1] // 2))
 
     @reg(lib + "fused_injection")
     def _(h, gh, fp):

@@ -23,6 +23,30 @@ def test_rms_norm(rows, d, dtype, tol):
     assert rel_err(s, ref_s) < tol and rel_err(out, ref_out) < tol
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (7, 65), (33, 8), (2, 4000)])
+def test_silu_mul(rows, inter, dtype, tol):
+    """The gated MLP's activation against silu(gate) * up in fp32; far tails (exp overflowing
+    to inf) give 0 or x, never NaN; a strided view (a column slice) reads its own values."""
+    x = (4 * torch.randn(rows, 2 * inter)).to(dtype)
+    x[0, :3] = torch.tensor([-120.0, 120.0, 0.0])
+    got = ops.silu_mul(x)
+    assert got.shape == (rows, inter) and got.dtype == dtype
+    assert rel_err(got, ops.silu_mul_ref(x)) < tol
+    assert got[0, 0] == 0 and got[0, 2] == 0
+    wide = torch.randn(rows, 2 * inter + 3).to(dtype)[:, 3:]
+    assert rel_err(ops.silu_mul(wide), ops.silu_mul_ref(wide)) < tol
+
+
+def test_silu_mul_rejects_bad_shapes():
+    with pytest.raises(RuntimeError, match=r"silu_mul: x must be \[rows, 2 \* inter\]"):
+        ops.silu_mul(torch.randn(3, 7))
+    with pytest.raises(RuntimeError, match=r"silu_mul: x must be \[rows, 2 \* inter\]"):
+        ops.silu_mul(torch.randn(8))
+    with pytest.raises(RuntimeError, match="silu_mul: x must be a floating tensor"):
+        ops.silu_mul(torch.ones(2, 4, dtype=torch.int32))
+
+
 @pytest.mark.parametrize("heads,d", [(9, 64), (3, 128), (2, 256)])
 def test_rope_and_write_kv(heads, d):
     n, page_size, pages = 37, 16, 8

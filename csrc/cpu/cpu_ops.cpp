@@ -2,6 +2,7 @@
 #include <ATen/Dispatch.h>
 
 #include "../dspine_ops.h"
+#include "activation.h"
 #include "attention.h"
 #include "injection.h"
 #include "norm.h"
@@ -128,6 +129,17 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   DSPINE_DISPATCH_FLOATS(q.scalar_type(), "paged_attention", [&] {
     cpu::paged_attention<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
                                    out.data_ptr<scalar_t>(), bt.data_ptr<int32_t>(), klp, cqp, a);
+  });
+  return out;
+}
+
+at::Tensor silu_mul(const at::Tensor& x_in) {
+  check_silu_mul_args(x_in);
+  auto x = x_in.contiguous();
+  const int64_t inter = x.size(1) / 2;
+  auto out = at::empty({x.size(0), inter}, x.options());
+  DSPINE_DISPATCH_FLOATS(x.scalar_type(), "silu_mul", [&] {
+    cpu::silu_mul<scalar_t>(x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), x.size(0), inter);
   });
   return out;
 }

@@ -1,6 +1,7 @@
 // Thin torch bindings of the CUDA kernels (all ops but attention, see cuda_attention.cu): argument
 // checks (the same as the CPU bindings), output/workspace allocation through the caching
 // allocator, launch on the current stream. No host reads of device memory: graph-capturable.
+#include "activation.cuh"
 #include "binding.h"
 #include "injection.cuh"
 #include "norm.cuh"
@@ -79,6 +80,21 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
                             static_cast<int>(k.size(1)), static_cast<int>(k.size(2)), stream());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor silu_mul(const at::Tensor& x_in) {
+  check_device("silu_mul", x_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  check_silu_mul_args(x_in);
+  auto x = x_in.contiguous();
+  const int64_t inter = x.size(1) / 2;
+  auto out = at::empty({x.size(0), inter}, x.options());
+  dispatch_float(x.scalar_type(), "silu_mul", [&](auto tag) {
+    using T = decltype(tag);
+    gpu::launch_silu_mul<T>(ptr<T>(x), ptr<T>(out), x.size(0), inter, stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
 }
 
 at::Tensor fused_injection(const at::Tensor& h_in, const at::Tensor& gate_in, const at::Tensor& fproj_in) {

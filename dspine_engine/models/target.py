@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from .. import ops
 from .attention_meta import AttnMeta
@@ -141,9 +140,7 @@ class TargetModel:
                 x, residual = ops.add_rms_norm(hidden, residual, layer.in_norm, cfg.rms_norm_eps)
             hidden = self._mix(layer, x, meta, k_caches, v_caches)
             x, residual = ops.add_rms_norm(hidden, residual, layer.post_norm, cfg.rms_norm_eps)
-            gate_up = layer.gate_up(x)
-            inter = cfg.intermediate_size
-            hidden = layer.down(F.silu(gate_up[:, :inter]) * gate_up[:, inter:])
+            hidden = layer.down(ops.silu_mul(layer.gate_up(x)))
             if i in tap_layers:
                 taps[i] = hidden + residual  # the layer's output, before the next norm
         if logit_rows is not None:
