@@ -35,9 +35,8 @@ silu_mul_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows, int6
 
 template <typename T, int VEC>
 void launch_silu_mul_vec(const T* x, T* out, int64_t rows, int64_t inter, cudaStream_t stream) {
-  int64_t blocks = ceil_div(rows * (inter / VEC), kSiluMulBlock);
-  if (blocks > 65536 * 8) blocks = 65536 * 8;
-  silu_mul_kernel<T, VEC><<<static_cast<unsigned>(blocks), kSiluMulBlock, 0, stream>>>(x, out, rows, inter);
+  silu_mul_kernel<T, VEC><<<grid_stride_blocks(rows * (inter / VEC), kSiluMulBlock), kSiluMulBlock, 0, stream>>>(
+      x, out, rows, inter);
 }
 
 // x: [rows, 2 * inter] contiguous; out: [rows, inter] contiguous.

@@ -36,6 +36,13 @@ constexpr unsigned kFullMask = 0xffffffffu;
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 __host__ __device__ constexpr int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
+// Blocks of `block` threads for a grid-stride loop over `work` items: one per block's worth, at
+// least 1, at most 512K (the loops stride past that; a grid that large is all resident anyway).
+inline unsigned grid_stride_blocks(int64_t work, int block) {
+  const int64_t blocks = ceil_div(work, block);
+  return static_cast<unsigned>(blocks < 65536 * 8 ? (blocks > 0 ? blocks : 1) : 65536 * 8);
+}
+
 inline bool is_aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Lets `Kernel` use the device's whole opt-in shared memory (beyond the default 48 KiB) minus

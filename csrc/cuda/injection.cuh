@@ -43,11 +43,8 @@ fused_injection_kernel(const T* __restrict__ h, const T* __restrict__ gate_h, co
 template <typename T, int VEC>
 void launch_fused_injection_vec(const T* h, const T* gate_h, const T* fproj, T* out, int64_t rows,
                                 int block, int hidden, cudaStream_t stream) {
-  const int64_t work = rows * (hidden / VEC);
-  int64_t blocks = ceil_div(work, kInjectionBlock);
-  if (blocks > 65536 * 8) blocks = 65536 * 8;
-  fused_injection_kernel<T, VEC><<<static_cast<unsigned>(blocks), kInjectionBlock, 0, stream>>>(
-      h, gate_h, fproj, out, rows, block, hidden);
+  fused_injection_kernel<T, VEC><<<grid_stride_blocks(rows * (hidden / VEC), kInjectionBlock), kInjectionBlock, 0,
+                                   stream>>>(h, gate_h, fproj, out, rows, block, hidden);
 }
 
 // h, gate_h, out: [n, block, hidden] contiguous; fproj: [n, block, 2 * hidden] contiguous.

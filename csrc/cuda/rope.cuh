@@ -82,10 +82,7 @@ write_kv_kernel(const T* __restrict__ k, int64_t k_stride, const T* __restrict__
   }
 }
 
-inline unsigned rope_grid(int64_t pairs) {
-  const int64_t blocks = ceil_div(pairs, kRopeBlock);
-  return static_cast<unsigned>(blocks < 65536 * 8 ? (blocks > 0 ? blocks : 1) : 65536 * 8);
-}
+inline unsigned rope_grid(int64_t pairs) { return grid_stride_blocks(pairs, kRopeBlock); }
 
 template <typename T>
 void launch_rope(const T* x, int64_t x_stride, T* out, const int32_t* positions, const float* cos_sin,
