@@ -37,6 +37,9 @@ void check_write_kv_args(const at::Tensor& k, const at::Tensor& v, const at::Ten
                          const at::Tensor& v_cache, const at::Tensor& slots);
 void check_injection_args(const at::Tensor& h, const at::Tensor& gate_h, const at::Tensor& fproj);
 void check_silu_mul_args(const at::Tensor& x);
+void check_rope_write_kv_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& positions, const at::Tensor& cos_sin,
+                              const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots);
 void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,
                      const at::Tensor& succ_table, const at::Tensor& anchor, int64_t top_k,
                      const at::Tensor& temperature, const at::Tensor& uniforms);

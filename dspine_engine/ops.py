@@ -95,6 +95,19 @@ def write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
     _ops.write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots)
 
 
+def rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots) -> torch.Tensor:
+    """``rope(q)`` returned and ``write_kv(k, v, ...)`` done, in one CUDA launch instead of two (a
+    target layer's query rotation and KV write; the CPU runs the two ops in turn). ``q [N, Hq,
+    D]`` shares k's tokens, positions and table, which must be given (not empty)."""
+    return _ops.rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+
+
+def rope_write_kv_ref(q, k, v, positions, cos_sin, k_cache, v_cache, slots) -> torch.Tensor:
+    out = rope_ref(q, positions, cos_sin)
+    write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots)
+    return out
+
+
 def rope_ref(x, positions, cos_sin):
     half = x.shape[-1] // 2
     pos = positions.long()
@@ -853,6 +866,10 @@ def _register_fakes() -> None:
     @reg(lib + "write_kv")
     def _(k, v, pos, cs, kc, vc, slots):
         return None
+
+    @reg(lib + "rope_write_kv")
+    def _(q, k, v, pos, cs, kc, vc, slots):
+        return q.new_empty(q.shape)
 
     @reg(lib + "paged_attention")
     def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale, max_kv_len=0, exact=False):

@@ -70,6 +70,33 @@ def test_rope_and_write_kv(heads, d):
         assert torch.isnan(flat_g[untouched]).all(), "write_kv wrote a slot it was not given"
 
 
+def test_rope_write_kv_is_rope_then_write_kv():
+    """The fused op returns rope(q) and writes what write_kv writes (padding rows skipped, no
+    other slot touched); bad input is refused before any cache is written."""
+    n, hq, hkv, d, page_size, pages = 23, 9, 3, 64, 16, 4
+    cs = ops.rope_cos_sin(d, 512, 10000.0)
+    qkv = torch.randn(n, hq + 2 * hkv, d)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]  # row views, as in a layer
+    pos = torch.randint(0, 512, (n,), dtype=torch.int32)
+    slots = torch.randperm(pages * page_size)[:n].to(torch.int32)
+    slots[::4] = -1
+    got_k, got_v, ref_k, ref_v = (torch.full((pages, page_size, hkv, d), float("nan")) for _ in range(4))
+    out = ops.rope_write_kv(q, k, v, pos, cs, got_k, got_v, slots)
+    ref = ops.rope_write_kv_ref(q, k, v, pos, cs, ref_k, ref_v, slots)
+    assert out.shape == (n, hq, d) and rel_err(out, ref) < 1e-6
+    for got, want in ((got_k, ref_k), (got_v, ref_v)):
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), "wrote a slot it was not given"
+        assert rel_err(got.nan_to_num(), want.nan_to_num()) < 1e-6
+    with pytest.raises(RuntimeError, match="needs a cos/sin table"):
+        ops.rope_write_kv(q, k, v, pos, torch.empty(0), got_k, got_v, slots)
+    with pytest.raises(RuntimeError, match="q must be"):
+        ops.rope_write_kv(q[:-1], k, v, pos, cs, got_k, got_v, slots)
+    before = got_k.clone()
+    with pytest.raises(RuntimeError, match="cos/sin table"):
+        ops.rope_write_kv(q, k, v, pos + 512, cs, got_k, got_v, slots)
+    assert torch.equal(got_k.nan_to_num(), before.nan_to_num()), "a refused call wrote the cache"
+
+
 @pytest.mark.parametrize("heads,d", [(3, 64), (2, 130)])
 def test_rope_gradient_is_the_references(heads, d):
     """The draft's training forward backpropagates through the RoPE kernel: its gradient (the inverse

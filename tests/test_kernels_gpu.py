@@ -105,6 +105,35 @@ def test_write_kv(heads, d, page_size, rotate, dtype):
         assert torch.isnan(flat_g[untouched].float()).all(), "write_kv wrote a slot it was not given"
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("hq,hkv,d,page_size", [(9, 3, 64, 16), (32, 8, 128, 16), (4, 2, 256, 7)])
+def test_rope_write_kv(hq, hkv, d, page_size, dtype):
+    """One launch that rotates the queries and writes the keys and values: bitwise what rope and
+    write_kv give apart (the same pair functions), and the references' values; padding rows and
+    slots past the cache are skipped, no other slot touched."""
+    n = 41
+    pages = 2 * n // page_size + 2
+    cs = ops.rope_cos_sin(d, 4096, 10000.0).to(DEV)
+    qkv = torch.randn(n, hq + 2 * hkv, d).to(dtype).to(DEV)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    pos = torch.randint(0, 4096, (n,), dtype=torch.int32).to(DEV)
+    slots = torch.randperm(pages * page_size)[:n].to(torch.int32)
+    slots[::5] = -1
+    slots[3] = pages * page_size + 100  # past the cache: skipped, not written
+    slots = slots.to(DEV)
+    fused_k, fused_v, apart_k, apart_v = (c.to(DEV) for c in _poisoned_caches(pages, page_size, hkv, d, dtype)
+                                          + _poisoned_caches(pages, page_size, hkv, d, dtype))
+    out = ops.rope_write_kv(q, k, v, pos, cs, fused_k, fused_v, slots)
+    apart = ops.rope(q, pos, cs)
+    ops.write_kv(k, v, pos, cs, apart_k, apart_v, slots)
+    assert torch.equal(out, apart)
+    for got, want in ((fused_k, apart_k), (fused_v, apart_v)):
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert rel_err_fp32(out, ops.rope_ref(q.float().cpu(), pos.cpu(), cs.cpu())) < TOL[dtype]
+    written = slots.cpu()[(slots.cpu() >= 0) & (slots.cpu() < pages * page_size)].long()
+    assert int((~fused_k.cpu().view(-1, hkv, d).isnan().all(-1).all(-1)).sum()) == written.numel()
+
+
 def test_write_kv_skips_slots_outside_cache():
     """The CUDA op cannot reject a bad slot without a host sync: it must skip it, never write."""
     k = torch.randn(3, 2, 64, device=DEV)

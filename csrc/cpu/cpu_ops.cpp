@@ -89,6 +89,17 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
   });
 }
 
+// The CPU has no launches to save: the two ops in turn, rope first so that every position is
+// checked against the table before anything is written.
+at::Tensor rope_write_kv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
+                         const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
+                         const at::Tensor& slots) {
+  check_rope_write_kv_args(q, k, v, positions, cos_sin, k_cache, v_cache, slots);
+  auto out = rope(q, positions, cos_sin);
+  write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots);
+  return out;
+}
+
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
                            int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len,

@@ -166,8 +166,7 @@ class TargetModel:
         if layer.q_norm is not None:
             q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = ops.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-        q = ops.rope(q, meta.positions, self.cos_sin)
-        ops.write_kv(k, v, meta.positions, self.cos_sin, k_cache, v_cache, meta.slots)
+        q = ops.rope_write_kv(q, k, v, meta.positions, self.cos_sin, k_cache, v_cache, meta.slots)
         attn = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.kv_lens,
                                    meta.cu_q, meta.max_q_len, meta.causal, layer.window,
                                    self.scale, meta.max_kv_len,
