@@ -4,7 +4,8 @@ target was there.
 On the CPU (fp32) speculative output equals autoregressive output token for token. On a GPU in
 bf16 a verify row and the same row decoded run different kernels (GEMM shapes, attention
 variants), so where the target's two best tokens are within bf16 rounding the greedy choice can
-go either way (docs/DECISIONS.md, "What lossless means on a GPU"). `tie_gaps` measures that:
+go either way (docs/DECISIONS.md, "What lossless means on a GPU"; the engine's default row-exact
+attention removes the attention's part, `attention="fast"` keeps it). `tie_gaps` measures that:
 at each output's first difference, how far each of the two tokens is below the target's best
 fp32 logit, computed by transformers (an implementation independent of ours). A bf16 tie shows
 both gaps near 0; a wrong accepted token sits several logits below the best.
@@ -80,13 +81,12 @@ def tie_report(model_dir, prompt_ids, ref, got) -> dict:
             "all_near_ties": all_near_ties(gaps)}
 
 
-def compare_with_ties(engine, prompts, ref, got) -> dict:
+def compare_with_ties(model_dir, prompt_ids, ref, got) -> dict:
     """`compare_outputs`, and where outputs differ the `tie_report` of the differences (the
-    prompts as ``engine`` encodes them, the target from its model directory)."""
+    prompts' token ids as the engine encoded them, the target from its model directory)."""
     report = compare_outputs(ref, got)
     if report["identical"] < report["total"]:
-        report["ties"] = tie_report(engine.model_dir, [engine.encode_prompt(p) for p in prompts],
-                                    ref, got)
+        report["ties"] = tie_report(model_dir, prompt_ids, ref, got)
     return report
 
 
@@ -100,4 +100,3 @@ def describe(report: dict) -> str:
         return f"{line} (tie check unavailable: {ties['error'][:80]})"
     verdict = "all at near-ties" if ties["all_near_ties"] else "NOT all at near-ties"
     return f"{line} ({verdict}, largest gap {ties['largest_gap']} logits)"
-

@@ -42,6 +42,7 @@ def test_ties_tell_a_tie_from_a_wrong_token(smollm2_engine, smollm2_dir, tmp_pat
     same = tie_report(smollm2_dir, ids, [ref], [ref])
     assert same["gaps"] == [] and same["largest_gap"] is None and same["all_near_ties"]
     assert "error" in tie_report(tmp_path / "missing", ids, [ref], [wrong])
-    assert describe(compare_with_ties(smollm2_engine, [prompt], [ref], [ref])) == "identical 1/1"
+    assert describe(compare_with_ties(smollm2_dir, ids, [ref], [ref])) == "identical 1/1"
+    assert compare_with_ties(smollm2_dir, ids, [ref], [wrong])["ties"] == report
     line = describe({"identical": 0, "total": 1, "ties": report})
     assert line.startswith("identical 0/1 (NOT all at near-ties, largest gap ")

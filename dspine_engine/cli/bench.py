@@ -184,6 +184,7 @@ def cmd_e2e(args) -> dict:
                         reprofile=args.reprofile and path is not None,
                         spec_calibration=args.spec_calibration, attention=args.attention,
                         tensor_parallel_size=args.tensor_parallel_size)
+        prompt_ids = [engine.encode_prompt(p) for p in prompts]  # for the tie check of differences
         for c in args.concurrency:
             row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet,
                                    args.stop_at_eos)
@@ -194,7 +195,8 @@ def cmd_e2e(args) -> dict:
                            verify_lengths={str(k): v for k, v in sorted(s.verify_lengths.items())},
                            calibrated_costs=engine.calibrated_costs())
             if name != "ar" and ("ar", c) in outputs:
-                row["vs_ar_greedy"] = compare_with_ties(engine, prompts, outputs[("ar", c)], toks)
+                row["vs_ar_greedy"] = compare_with_ties(engine.model_dir, prompt_ids,
+                                                        outputs[("ar", c)], toks)
             outputs[(name, c)] = toks
             rows.append(row)
             print(f"{name:>8} c={c:<3} {row['tokens_per_second']:9.1f} tok/s  tau {row['tau']:.2f}"
