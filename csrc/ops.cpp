@@ -116,11 +116,10 @@ void check_rope_write_kv_args(const at::Tensor& q, const at::Tensor& k, const at
                               const at::Tensor& positions, const at::Tensor& cos_sin,
                               const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots) {
   check_token_rows(q, "rope_write_kv");
-  check_write_kv_args(k, v, positions, cos_sin, k_cache, v_cache, slots);
+  TORCH_CHECK(cos_sin.numel() > 0, "rope_write_kv: needs a cos/sin table (write_kv copies keys unrotated)");
+  check_write_kv_args(k, v, positions, cos_sin, k_cache, v_cache, slots);  // checks the table for k
   TORCH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.scalar_type() == k.scalar_type(),
               "rope_write_kv: q must be [tokens, heads, head_dim] with k's tokens, head_dim and dtype");
-  TORCH_CHECK(cos_sin.numel() > 0, "rope_write_kv: needs a cos/sin table (write_kv copies keys unrotated)");
-  check_rope_table(positions, cos_sin, q.size(0), q.size(2));
 }
 
 void check_silu_mul_args(const at::Tensor& x) {

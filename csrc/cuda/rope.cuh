@@ -113,15 +113,13 @@ rope_write_kv_kernel(const RopeArgs<T> q, int64_t q_pairs, const WriteKvArgs<T> 
   }
 }
 
-inline unsigned rope_grid(int64_t pairs) { return grid_stride_blocks(pairs, kRopeBlock); }
-
 // n tokens; q.heads (kv.heads) 0 leaves the rotation (the write) out.
 template <typename T>
 void launch_rope_write_kv(const RopeArgs<T>& q, const WriteKvArgs<T>& kv, const int32_t* positions,
                           const float* cos_sin, int max_pos, int64_t n, int d, cudaStream_t stream) {
   const int64_t q_pairs = n * q.heads * (d / 2), kv_pairs = n * kv.heads * (d / 2);
   if (q_pairs + kv_pairs == 0) return;
-  rope_write_kv_kernel<T><<<rope_grid(q_pairs + kv_pairs), kRopeBlock, 0, stream>>>(
+  rope_write_kv_kernel<T><<<grid_stride_blocks(q_pairs + kv_pairs, kRopeBlock), kRopeBlock, 0, stream>>>(
       q, q_pairs, kv, kv_pairs, positions, cos_sin, max_pos, d);
 }
 
