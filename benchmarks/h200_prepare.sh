@@ -52,6 +52,9 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl nvidia-cutlass==4.2.0.0
 # The server's extras (fastapi, uvicorn, ...), so the serve benchmark runs there too (~4 MB).
+# Downloaded afresh: an older session's wheels beside the new ones (two versions of one
+# package) make the install there refuse the whole set, and the serve benchmark then fails.
+rm -rf .whl/serve
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d .whl/serve fastapi uvicorn prometheus_client httpx

@@ -549,11 +549,11 @@ def quant_embedding_ref(ids, weight, format, num_rows):
 DraftLayer = tuple  # (projections (q, kv, o, gate_up, down[, pred_gate, gate_f_inject]) as
 #                      callables x -> x @ W^T, norm weights (in, q, k, post[, inj]))
 KERNELS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope": rope,
-           "write_kv": write_kv, "paged_attention": paged_attention,
+           "write_kv": write_kv, "paged_attention": paged_attention, "silu_mul": silu_mul,
            "fused_injection": fused_injection}
 REFERENCES = {"rms_norm": rms_norm_ref, "add_rms_norm": add_rms_norm_ref, "rope": rope_ref,
               "write_kv": write_kv_ref, "paged_attention": paged_attention_ref,
-              "fused_injection": fused_injection_ref}
+              "silu_mul": silu_mul_ref, "fused_injection": fused_injection_ref}
 
 
 def draft_layers_loop(hidden, ctx, anchor_f, layers: list[DraftLayer], heads: int,
@@ -577,7 +577,7 @@ def draft_layers_loop(hidden, ctx, anchor_f, layers: list[DraftLayer], heads: in
         # Residual adds ride on the next norm (add_rms_norm): one kernel instead of two ops.
         x, hidden = k["add_rms_norm"](proj[2](attn.view(x.shape[0], -1)), hidden, norms[3], eps)
         gu = proj[3](x)
-        mlp = proj[4](torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:])
+        mlp = proj[4](k["silu_mul"](gu))  # one launch for silu(gate) * up
         hidden = hidden + mlp if len(proj) == 5 else _inject(proj, norms, mlp, hidden, anchor_f,
                                                              eps, k)
     return hidden

@@ -109,8 +109,7 @@ at::Tensor draft_layers(const at::Tensor& hidden_in, const at::Tensor& ctx, cons
     // Residual adds ride on the next norm, as in the Python loop.
     const auto [x2, summed] = add_rms_norm(o, hidden, *l.post_norm, eps);
     const auto gu = quant_matmul(x2, *l.gate_up, a.format, 2 * inter);
-    const auto mlp = quant_matmul(at::silu(gu.slice(1, 0, inter)) * gu.slice(1, inter), *l.down, a.format,
-                                  hidden.size(1));
+    const auto mlp = quant_matmul(silu_mul(gu), *l.down, a.format, hidden.size(1));
     hidden = injection ? inject(a, l, mlp, summed, anchor_f) : summed + mlp;
   }
   return hidden;
