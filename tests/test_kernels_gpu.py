@@ -711,6 +711,52 @@ def test_block_verify_greedy_accepts_exact_prefix():
     assert int(accept[0]) == 2 and out[0].tolist() == [3, 7, 2, -1]
 
 
+GREEDY_SPLIT_CASES = [
+    # (batch, T, vocab, dtype): on an H200 1 to 19 CTAs read a row (verify.cuh, verify_splits);
+    # vocabularies that are not a multiple of 8 take the unvectorised loads.
+    (1, 16, 151936, torch.bfloat16),
+    (32, 17, 151936, torch.bfloat16),
+    (3, 16, 49152, torch.float32),
+    (2, 5, 100003, torch.float16),
+    (4, 16, 8191, torch.bfloat16),
+    (1, 1, 151936, torch.float32),
+]
+
+
+@pytest.mark.parametrize("case", GREEDY_SPLIT_CASES,
+                         ids=[f"b{c[0]}_t{c[1]}_v{c[2]}_{str(c[3])[6:]}" for c in GREEDY_SPLIT_CASES])
+def test_block_verify_greedy_rows_read_in_slices(case):
+    """Greedy rows are read by several CTAs a row: every argmax, accept length and bonus must be
+    the reference's exactly, with the maximum tied at ids spread over all slices (the lowest id
+    wins), NaNs in several slices (the first one wins), an all -inf row (id 0), and drafts that
+    follow the target's argmax for a while before they leave it."""
+    batch, t_len, vocab, dtype = case
+    g = torch.Generator().manual_seed(vocab + 7 * batch + t_len)
+    logits = torch.randn(batch, t_len, vocab, generator=g).to(dtype)
+    rows = logits.view(batch * t_len, vocab)
+    tied = torch.arange(vocab - 1, 0, -max(1, vocab // 13))
+    rows[0, tied] = 30.0
+    if len(rows) > 1:
+        rows[-1, torch.tensor([vocab - 2, vocab // 2, vocab // 3 + 1])] = float("nan")
+    if len(rows) > 2:
+        rows[len(rows) // 2] = float("-inf")
+    want = logits.float().argmax(-1)  # torch.argmax: first NaN, then first maximum
+    assert int(want.view(-1)[0]) == int(tied.min())
+    assert len(rows) < 2 or int(want.view(-1)[-1]) == vocab // 3 + 1
+    assert len(rows) < 3 or int(want.view(-1)[len(rows) // 2]) == 0
+    follow = torch.randint(0, t_len, (batch,), generator=g)  # drafts that match the argmax
+    draft = torch.randint(0, vocab, (batch, t_len - 1), generator=g)
+    for b in range(batch):
+        n = int(follow[b])
+        draft[b, :n] = want[b, :min(n, t_len - 1)]
+    args = (logits, draft, draft[..., None], torch.ones(batch, t_len - 1, 1), torch.zeros(batch),
+            torch.zeros(batch, dtype=torch.int32), torch.ones(batch), torch.rand(batch, t_len, generator=g))
+    ref_accept, ref_out = ops.block_verify_ref(*args)
+    for _ in range(2):  # the arrival counters start from zero on every call
+        accept, out = ops.block_verify(*(a.to(DEV) for a in args))
+        assert torch.equal(accept.cpu(), ref_accept) and torch.equal(out.cpu(), ref_out)
+
+
 # --------------------------------------------------------------------------------------------
 # CUDA graph capture
 # --------------------------------------------------------------------------------------------

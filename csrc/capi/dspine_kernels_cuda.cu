@@ -280,16 +280,6 @@ dspine_status dspine_cuda_block_verify_f32(const float* logits, const int64_t* d
     require_int(cand, op, "cand");
     require_int(batch * block, op, "batch * block");
 
-    // Scratch: per-row results [batch * T] (16-byte aligned), the chunk masses
-    // [batch * T][2][kRowThreads] doubles, then the arrival counters [batch].
-    using dspine::gpu::VerifyRow;
-    const size_t rows = static_cast<size_t>(batch * block);
-    const size_t rows_bytes = rows * sizeof(VerifyRow);
-    const size_t mass_bytes = rows * 2 * dspine::gpu::kRowThreads * sizeof(double);
-    StreamScratch scratch(rows_bytes + mass_bytes + static_cast<size_t>(batch) * sizeof(int), stream, op);
-    int* arrivals = reinterpret_cast<int*>(scratch.bytes() + rows_bytes + mass_bytes);
-    cuda_check(cudaMemsetAsync(arrivals, 0, static_cast<size_t>(batch) * sizeof(int), stream), op, "cudaMemsetAsync");
-
     dspine::gpu::VerifyParams p{};
     p.logits = logits;
     p.draft_tokens = draft_tokens;
@@ -301,15 +291,18 @@ dspine_status dspine_cuda_block_verify_f32(const float* logits, const int64_t* d
     p.uniforms = uniforms;
     p.accept_len = accept_len;
     p.out_tokens = out_tokens;
-    p.rows = reinterpret_cast<VerifyRow*>(scratch.bytes());
-    p.chunk_mass = reinterpret_cast<double*>(scratch.bytes() + rows_bytes);
-    p.arrivals = arrivals;
     p.batch = static_cast<int>(batch);
     p.block = static_cast<int>(block);
     p.vocab = static_cast<int>(vocab);
     p.cand = static_cast<int>(cand);
     p.chunk_len = dspine::gpu::row_chunk_len(vocab);
     p.vec_ok = rows_vectorisable(logits, vocab);
+    // Scratch: verify.cuh's one workspace (cudaMallocAsync: 256-byte aligned), counters zeroed.
+    const dspine::gpu::VerifyWorkspace w =
+        dspine::gpu::plan_verify(p, device_attribute(cudaDevAttrMultiProcessorCount, op));
+    StreamScratch scratch(w.bytes, stream, op);
+    dspine::gpu::bind_verify_workspace(p, w, scratch.bytes());
+    cuda_check(cudaMemsetAsync(p.arrivals, 0, w.counter_bytes, stream), op, "cudaMemsetAsync");
     dspine::gpu::launch_block_verify<float>(p, stream);
     check_launch(op);
   });

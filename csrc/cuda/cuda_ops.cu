@@ -205,9 +205,6 @@ std::tuple<at::Tensor, at::Tensor> block_verify(
   auto accept = at::empty({b}, opts.dtype(at::kInt));
   auto out = at::empty({b, t}, opts.dtype(at::kLong));
   static_assert(sizeof(gpu::VerifyRow) == 32, "VerifyRow is read back as two 16-byte words");
-  auto rows = at::empty({b * t, 8}, opts.dtype(at::kInt));
-  auto chunk_mass = at::empty({b * t, 2, gpu::kRowThreads}, opts.dtype(at::kDouble));
-  auto arrivals = at::zeros({b}, opts.dtype(at::kInt));
   gpu::VerifyParams p{};
   p.logits = logits.data_ptr();
   p.draft_tokens = draft.data_ptr<int64_t>();
@@ -219,15 +216,17 @@ std::tuple<at::Tensor, at::Tensor> block_verify(
   p.uniforms = u.data_ptr<float>();
   p.accept_len = accept.data_ptr<int32_t>();
   p.out_tokens = out.data_ptr<int64_t>();
-  p.rows = reinterpret_cast<gpu::VerifyRow*>(rows.data_ptr());
-  p.chunk_mass = chunk_mass.data_ptr<double>();
-  p.arrivals = arrivals.data_ptr<int>();
   p.batch = static_cast<int>(b);
   p.block = static_cast<int>(t);
   p.vocab = static_cast<int>(v);
   p.cand = static_cast<int>(cid.size(2));
   p.chunk_len = gpu::row_chunk_len(v);
   p.vec_ok = rows_vectorisable(logits, v);
+  // One workspace (the caching allocator's blocks are 512-byte aligned); its counters zeroed.
+  const gpu::VerifyWorkspace w = gpu::plan_verify(p, num_sms());
+  auto workspace = at::empty({static_cast<int64_t>(w.bytes)}, opts.dtype(at::kByte));
+  gpu::bind_verify_workspace(p, w, static_cast<char*>(workspace.data_ptr()));
+  C10_CUDA_CHECK(cudaMemsetAsync(p.arrivals, 0, w.counter_bytes, stream()));
   dispatch_float(logits.scalar_type(), "block_verify", [&](auto tag) {
     using T = decltype(tag);
     gpu::launch_block_verify<T>(p, stream());

@@ -1,9 +1,15 @@
 // Block verify with first-mismatch truncation (CUDA), one launch for the whole batch.
 // Semantics: dspine_engine/ops.py:block_verify.
 //
-// grid = batch * T CTAs, one per (sequence, block row) of target logits, all rows in parallel:
-// - greedy rows (temperature 0): the row's argmax (first maximal id) in one pass; accept iff the
-//   draft equals it.
+// grid = batch * T * splits CTAs, `splits` per (sequence, block row) of target logits, all rows
+// in parallel:
+// - greedy rows (temperature 0): the row's argmax (first maximal id); accept iff the draft equals
+//   it. Each of the row's `splits` CTAs reads one slice, coalesced (thread t the groups t, t + 256,
+//   ... of 8), and the slice's last CTA to finish (per-row arrival counter) combines the slices'
+//   bests. Why split: one CTA a row left a batch-32 verify at 1.03 waves of CTAs on an H200 with
+//   each CTA streaming a 300 KB row, and a batch-1 verify at 16 CTAs for 132 SMs.
+// - sampled rows are read by the row's first CTA alone (the others return at once): the pass
+//   below needs thread-owned contiguous chunks for its inverse-CDF prefix sums.
 // - sampled rows: the statistics of p_j = softmax(x / T) with tie-inclusive top-k / top-p
 //   (thresholds found by radix passes over the row, no sort), p_j(d_j), the accept test
 //   u_j * q_j(d_j) < p_j(d_j), and per-chunk masses of p_j and of the residual max(0, p_j - q_j)
@@ -14,6 +20,8 @@
 // the token. Cumulative sums are in fp64; a pick may differ from the sequential reference only
 // where u sits within rounding of a boundary.
 #pragma once
+
+#include <algorithm>
 
 #include "sampling.cuh"
 
@@ -42,10 +50,61 @@ struct VerifyParams {
   int64_t* out_tokens;     // [batch, T]
   VerifyRow* rows;         // workspace [batch * T]
   double* chunk_mass;      // workspace [batch * T][2][kRowThreads]: p, then the residual
+  int2* parts;             // workspace [batch * T][splits]: a greedy slice's best (value bits, id)
   int* arrivals;           // [batch], zero before the launch
+  int* row_arrivals;       // [batch * T], zero before the launch (used when splits > 1)
   int batch, block, vocab, cand, chunk_len;
+  int splits, split_len;   // greedy rows: CTAs a row, elements a slice (a multiple of kGroup)
   bool vec_ok;
 };
+
+// ---- host: the launch's shape and its one workspace ------------------------------------------
+
+constexpr int kVerifyMinSplit = kRowThreads * kGroup * 4;  // one batch of 4 loads a thread
+constexpr int kVerifyMaxSplits = 32;                       // the combine reads them in one warp
+constexpr int kVerifyCtasPerSm = 4;                        // __launch_bounds__ below
+
+// Greedy slices a row: about four waves of CTAs, no slice shorter than one batch of loads.
+inline int verify_splits(int64_t rows, int64_t vocab, int num_sms) {
+  const int64_t want = ceil_div(4LL * kVerifyCtasPerSm * num_sms, rows > 0 ? rows : 1);
+  const int64_t most = ceil_div(vocab, kVerifyMinSplit);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, kVerifyMaxSplits})));
+}
+
+// Byte offsets in the workspace; the counters come last so that one memset zeroes them all.
+struct VerifyWorkspace {
+  size_t rows, mass, parts, counters, counter_bytes, bytes;
+};
+
+inline VerifyWorkspace verify_workspace(int64_t batch, int64_t block, int splits) {
+  const size_t n = static_cast<size_t>(batch * block);
+  VerifyWorkspace w{};
+  w.rows = 0;
+  w.mass = w.rows + n * sizeof(VerifyRow);
+  w.parts = w.mass + n * 2 * kRowThreads * sizeof(double);
+  w.counters = w.parts + n * static_cast<size_t>(splits) * sizeof(int2);
+  w.counter_bytes = (static_cast<size_t>(batch) + n) * sizeof(int);
+  w.bytes = w.counters + w.counter_bytes;
+  return w;
+}
+
+// Sets p's greedy split (p.batch, p.block and p.vocab set) and returns the workspace it needs.
+inline VerifyWorkspace plan_verify(VerifyParams& p, int num_sms) {
+  const int want = verify_splits(static_cast<int64_t>(p.batch) * p.block, p.vocab, num_sms);
+  p.split_len = static_cast<int>(round_up(ceil_div(p.vocab, want), kGroup));
+  p.splits = static_cast<int>(ceil_div(p.vocab, p.split_len));  // no empty slice
+  return verify_workspace(p.batch, p.block, p.splits);
+}
+
+// Points p's workspace into `base` (16-byte aligned, w.bytes long). The caller zeroes
+// [p.arrivals, + w.counter_bytes) on the launch's stream before the launch.
+inline void bind_verify_workspace(VerifyParams& p, const VerifyWorkspace& w, char* base) {
+  p.rows = reinterpret_cast<VerifyRow*>(base + w.rows);
+  p.chunk_mass = reinterpret_cast<double*>(base + w.mass);
+  p.parts = reinterpret_cast<int2*>(base + w.parts);
+  p.arrivals = reinterpret_cast<int*>(base + w.counters);
+  p.row_arrivals = p.arrivals + p.batch;
+}
 
 struct VerifyScratch {
   DistScratch dist;
@@ -115,15 +174,62 @@ __device__ void verify_sampled_row(const VerifyParams& p, int b, int j, const T*
   }
 }
 
+// This thread's best (torch.argmax order) over [begin, end), groups of kGroup strided by the
+// block so that a warp's loads are contiguous. Each thread meets its ids in increasing order, so
+// "strictly greater, or the first NaN" keeps the first maximal id; the block merge orders by id.
 template <typename T>
-__device__ void verify_greedy_row(const VerifyParams& p, int b, int j, const T* x, VerifyScratch& sh) {
-  const int am = block_argmax(x, p.vocab, p.chunk_len, p.vec_ok, sh.best);
+__device__ __forceinline__ void slice_best(const T* row, int begin, int end, bool vec_ok, float& bv, int& bi) {
+  constexpr int kBatch = 4;
+  constexpr int kStride = kRowThreads * kGroup;
+  for (int i0 = begin + static_cast<int>(threadIdx.x) * kGroup; i0 < end; i0 += kBatch * kStride) {
+    float v[kBatch][kGroup];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) load_group(row, i0 + k * kStride, end, vec_ok, v[k]);  // -inf past end
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+#pragma unroll
+      for (int e = 0; e < kGroup; ++e) {
+        const float x = v[k][e];
+        if (x > bv || (isnan(x) && !isnan(bv))) {
+          bv = x;
+          bi = i0 + k * kStride + e;
+        }
+      }
+  }
+}
+
+// A slice (a whole row when splits == 1) of a greedy row. Returns whether this CTA wrote the
+// row's result, i.e. read the last slice to finish; the row's other CTAs return false.
+template <typename T>
+__device__ bool verify_greedy_row(const VerifyParams& p, int b, int j, int split, const T* x, VerifyScratch& sh) {
+  const int row = b * p.block + j;
+  const int begin = split * p.split_len, end = min(p.vocab, begin + p.split_len);
+  float bv = -INFINITY;
+  int bi = INT_MAX;  // a slice of -inf only: ranks after any real id
+  slice_best(x, begin, end, p.vec_ok, bv, bi);
+  block_best(bv, bi, argmax_before, sh.best);
+  if (p.splits > 1) {
+    if (threadIdx.x == 0) p.parts[static_cast<int64_t>(row) * p.splits + split] = make_int2(__float_as_int(bv), bi);
+    if (!arrive_last(&p.row_arrivals[row], p.splits)) return false;
+    if (threadIdx.x < kWarpSize) {  // the slices' bests, written by other CTAs: read through L2
+      bv = -INFINITY;
+      bi = INT_MAX;
+      if (static_cast<int>(threadIdx.x) < p.splits) {
+        const int2 part = __ldcg(p.parts + static_cast<int64_t>(row) * p.splits + threadIdx.x);
+        bv = __int_as_float(part.x);
+        bi = part.y;
+      }
+      warp_best(bv, bi, argmax_before);
+    }
+  }
   if (threadIdx.x == 0) {
+    const int am = bi < p.vocab ? bi : 0;  // an all -inf row: id 0, as torch.argmax
     VerifyRow info{DistStats{1.f, 0.f, 1.f, -INFINITY, 0.f, 1.f}, am, 0};
     if (j < p.block - 1 && p.draft_tokens[static_cast<int64_t>(b) * (p.block - 1) + j] == am)
       info.flags = kRowAccepted;
-    p.rows[b * p.block + j] = info;
+    p.rows[row] = info;
   }
+  return true;
 }
 
 // A row written by another CTA of this launch: read through L2 (two 16-byte loads).
@@ -248,23 +354,27 @@ __device__ void finish_sequence(const VerifyParams& p, int b, VerifyScratch& sh)
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kRowThreads, 4) block_verify_kernel(const VerifyParams p) {  // 64 regs: one wave
+__global__ void __launch_bounds__(kRowThreads, kVerifyCtasPerSm) block_verify_kernel(const VerifyParams p) {  // 64 regs: one wave
   __shared__ VerifyScratch sh;
-  const int row = blockIdx.x, b = row / p.block, j = row % p.block;
+  const int row = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
+  const int b = row / p.block, j = row % p.block;
   const T* x = static_cast<const T*>(p.logits) + static_cast<int64_t>(row) * p.vocab;
   if (p.temperature[b] > 0.f) {
+    if (split != 0) return;  // a sampled row is its first CTA's
     verify_sampled_row(p, b, j, x, sh);
-  } else {
-    verify_greedy_row(p, b, j, x, sh);
+  } else if (!verify_greedy_row(p, b, j, split, x, sh)) {
+    return;  // another slice of the row finishes it
   }
   if (!arrive_last(&p.arrivals[b], p.block)) return;
   finish_sequence<T>(p, b, sh);
 }
 
+// p's workspace bound by bind_verify_workspace, its counters zeroed.
 template <typename T>
 void launch_block_verify(const VerifyParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;
-  block_verify_kernel<T><<<static_cast<unsigned>(p.batch * p.block), kRowThreads, 0, stream>>>(p);
+  const unsigned ctas = static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.block * p.splits);
+  block_verify_kernel<T><<<ctas, kRowThreads, 0, stream>>>(p);
 }
 
 }  // namespace gpu
