@@ -658,6 +658,43 @@ def test_transition_walk_ties_go_to_the_lower_id():
     assert (got[0].cpu() == 5).all()
 
 
+WALK_FLOOR_CASES = [
+    # (batch, J, vocab, top_k, dtype): the top-k pass skips what falls below its warp's floor
+    (32, 15, 151936, 8, torch.bfloat16),
+    (1, 15, 49152, 16, torch.float32),
+    (2, 3, 100003, 32, torch.float16),
+    (3, 4, 8191, 1, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", WALK_FLOOR_CASES,
+                         ids=[f"b{c[0]}_j{c[1]}_v{c[2]}_k{c[3]}_{str(c[4])[6:]}" for c in WALK_FLOOR_CASES])
+def test_transition_walk_candidates_exact_with_ties_nan_and_inf(case):
+    """The candidates are the reference's exactly (value order, ties to the lower id, NaN never)
+    with more tied maxima than top_k spread over the whole row (every warp and lane), NaNs beside
+    large values, and a row of -inf but for a few ids (the rest of its list is tied -inf)."""
+    batch, j_len, vocab, top_k, dtype = case
+    g = torch.Generator().manual_seed(vocab + top_k)
+    logits = torch.randn(batch, j_len, vocab, generator=g).to(dtype)
+    rows = logits.view(batch * j_len, vocab)
+    tied = torch.arange(vocab - 1, 0, -max(1, vocab // (3 * top_k + 5)))
+    rows[0, tied] = 30.0
+    if len(rows) > 1:
+        rows[-1, torch.randint(0, vocab, (40,), generator=g)] = float("nan")
+        rows[-1, torch.randint(0, vocab, (top_k,), generator=g)] = 25.0
+    if len(rows) > 2:
+        rows[len(rows) // 2] = float("-inf")
+        rows[len(rows) // 2, torch.randint(0, vocab, (max(1, top_k // 2),), generator=g)] = 0.0
+    empty = torch.empty(0, dtype=dtype)
+    args = (logits, empty, empty, empty, torch.randint(0, vocab, (batch,), generator=g), top_k,
+            torch.zeros(batch), torch.rand(batch, j_len, generator=g))
+    want = ops.transition_walk_ref(*args)
+    assert want[1].view(-1, top_k)[0].tolist() == sorted(tied.tolist())[:top_k]
+    got = ops.transition_walk(*(a.to(DEV) if torch.is_tensor(a) else a for a in args))
+    for w, x in zip(want, got):
+        assert torch.equal(x.cpu(), w)
+
+
 VERIFY_CASES = [
     # (batch, T, vocab, cand, dtype)
     (5, 16, 1000, 1, torch.float32),

@@ -256,7 +256,6 @@ dspine_status dspine_cuda_transition_walk_f32(const float* logits, const float* 
     p.vocab = static_cast<int>(vocab);
     p.rank = static_cast<int>(rank);
     p.top_k = static_cast<int>(top_k);
-    p.chunk_len = dspine::gpu::row_chunk_len(vocab);
     p.vec_ok = rows_vectorisable(logits, vocab);
     const size_t smem = dspine::gpu::walk_smem_bytes(p, sizeof(float));
     require(smem <= static_cast<size_t>(dspine::gpu::walk_smem_limit<float>()), op,

@@ -178,7 +178,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   p.vocab = static_cast<int>(v);
   p.rank = use_t ? static_cast<int>(g.size(2)) : 0;
   p.top_k = static_cast<int>(top_k);
-  p.chunk_len = gpu::row_chunk_len(v);
   p.vec_ok = rows_vectorisable(logits, v);
   dispatch_float(logits.scalar_type(), "transition_walk", [&](auto tag) {
     using T = decltype(tag);

@@ -127,21 +127,6 @@ __device__ void block_best(float& v, int& id, Before before, BestScratch& sh) {
   id = sh.best_id;
 }
 
-// First index of the row's maximum (torch.argmax semantics).
-template <typename T>
-__device__ int block_argmax(const T* row, int vocab, int chunk_len, bool vec_ok, BestScratch& sh) {
-  float bv = -INFINITY;
-  int bi = INT_MAX;
-  for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int i, float v, bool valid) {
-    if (valid && argmax_before(v, i, bv, bi)) {
-      bv = v;
-      bi = i;
-    }
-  });
-  block_best(bv, bi, argmax_before, sh);
-  return bi < vocab ? bi : 0;
-}
-
 // ---- per-thread sorted top list + block merge (small k) -------------------------------------
 
 template <int MAXK>

@@ -2,9 +2,15 @@
 // Semantics: dspine_engine/ops.py:transition_walk.
 //
 // 1. walk_topk_kernel, one CTA per (sequence, position) row of logits: each thread keeps a sorted
-//    register list of its chunk's K best (one pass over V, 16-byte loads), then K rounds of a
-//    block-wide tournament between the list heads give the candidates C_j in order (higher score
-//    first, ties to the lower id).
+//    register list of the K best of its groups (one pass over V, 16-byte loads, thread t reading
+//    the 8-element groups t, t + 256, ... so that a warp's loads are contiguous), then K rounds of
+//    a block-wide tournament between the list heads give the candidates C_j in order (higher
+//    score first, ties to the lower id). A warp skips every element below its floor, the K-th
+//    largest of its 32 lanes' list heads: K elements of the row already rank before it. Why: the
+//    insertion is a divergent, unrolled shift, and without the floor each lane inserted ~42 of its
+//    ~593 elements at V = 151,936, K = 8 (random logits; ~9 with the floor refreshed after each of
+//    the first four groups, the lists' filling, then every four), which kept the H200 walk at
+//    ~300 us for a batch of 32 where reading the logits takes ~35.
 // 2. walk_pairs_kernel, again one CTA per row: all K x K pair scores
 //    s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r] for a in C_{j-1} (the anchor for j = 0):
 //    the 2K + 1 table rows are staged into shared memory with every load in flight at once, then
@@ -34,11 +40,57 @@ struct WalkParams {
   float* cand_vals;       // workspace [batch, J, K]: U at the candidates
   float* pair;            // workspace [batch, J, K, K]: s_j(c | a) at [a][c]
   int* arrivals;          // [batch], zero before the launch
-  int batch, positions, vocab, rank, top_k, chunk_len;
+  int batch, positions, vocab, rank, top_k;
   bool vec_ok;
 };
 
 constexpr int kWalkMaxK = 32;
+
+// The k-th largest (1 <= k <= 32) of the warp's 32 values, in every lane: a bitonic sort over the
+// lanes, descending. Never given NaN (NaN never enters a top list).
+__device__ __forceinline__ float warp_kth_largest(float v, int k) {
+  const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+  for (int size = 2; size <= kWarpSize; size <<= 1) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      const float o = __shfl_xor_sync(kFullMask, v, stride);
+      const bool keep_max = ((lane & size) == 0) == ((lane & stride) == 0);  // descending blocks keep max low
+      v = keep_max ? fmaxf(v, o) : fminf(v, o);
+    }
+  }
+  return __shfl_sync(kFullMask, v, k - 1);
+}
+
+// This thread's K best of the row (see the file's comment: strided groups, the warp's floor).
+// Every loop bound is uniform over the block, so the floor's shuffles see all lanes.
+template <typename T, int MAXK>
+__device__ void thread_top_list(const T* row, int vocab, bool vec_ok, int k, TopList<MAXK>& list) {
+  constexpr int kBatch = 4;
+  constexpr int kStride = kRowThreads * kGroup;
+  const int mine = static_cast<int>(threadIdx.x) * kGroup;
+  float floor_v = -INFINITY;  // an element below it has k elements of the row ranking before it
+  const auto take = [&](const float(&v)[kGroup], int i0) {
+#pragma unroll
+    for (int e = 0; e < kGroup; ++e)
+      if (v[e] >= floor_v && i0 + e < vocab) list.push(v[e], i0 + e);  // NaN fails the compare
+  };
+  int base = 0;
+  for (int g = 0; g < kBatch && base < vocab; ++g, base += kStride) {  // the lists fill: a floor a group
+    float v[kGroup];
+    load_group(row, base + mine, vocab, vec_ok, v);
+    take(v, base + mine);
+    floor_v = warp_kth_largest(list.v[0], k);
+  }
+  for (; base < vocab; base += kBatch * kStride) {
+    float v[kBatch][kGroup];
+#pragma unroll
+    for (int g = 0; g < kBatch; ++g) load_group(row, base + g * kStride + mine, vocab, vec_ok, v[g]);
+#pragma unroll
+    for (int g = 0; g < kBatch; ++g) take(v[g], base + g * kStride + mine);
+    floor_v = warp_kth_largest(list.v[0], k);
+  }
+}
 
 template <typename T, int MAXK>
 __global__ void __launch_bounds__(kRowThreads) walk_topk_kernel(const WalkParams p) {
@@ -49,9 +101,7 @@ __global__ void __launch_bounds__(kRowThreads) walk_topk_kernel(const WalkParams
   const T* x = static_cast<const T*>(p.logits) + static_cast<int64_t>(row) * p.vocab;
   TopList<MAXK> list;
   list.init();
-  for_each_in_chunk(x, p.vocab, p.chunk_len, p.vec_ok, [&](int i, float v, bool valid) {
-    if (valid) list.push(v, i);
-  });
+  thread_top_list<T, MAXK>(x, p.vocab, p.vec_ok, p.top_k, list);
   block_top_k(list, p.top_k, top_v, top_id, best);
   if (threadIdx.x < p.top_k) {
     const int id = top_id[threadIdx.x];  // INT_MAX only in rows of NaN: keep indices in range
