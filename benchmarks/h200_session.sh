@@ -53,6 +53,9 @@
 #               kernel_bench.py --exact (both forms), then dspine-bench e2e at c=64/8/1 with
 #               --attention fast, exact, and exact on the key split (DSPINE_ATTN_EXACT=2), in
 #               turn, twice.                                                             ~9 min
+#               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
+#               the walk and the block verify at batch 32, V=151936 (every variant) and
+#               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -371,6 +374,10 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
       > $R/logs/exactab_${form}_$rep.log 2>&1
     say "exactab $form $rep rc $?: $(grep -E 'c=' $R/logs/exactab_${form}_$rep.log | cut -c1-40 | tr '\n' ';')"
   done; done; pack;; esac
+  case " $MEASURE " in *" floors "*)  # issue 12 item 3: the walk and the block verify (no attention sweep)
+  timeout 120 python3 benchmarks/kernel_bench.py --sampling-only --out $R > $R/logs/kernel_floors.log 2>&1
+  say "kernel floors rc $? : $(grep -E '^\| (transition_walk|block_verify) \| greedy' $R/logs/kernel_floors.log | tr '\n' ' ')"
+  pack;; esac
   case " $MEASURE " in *" policytrace "*)  # issue 11: auto vs fixed at c=1, each a fresh engine
   # (e2e's c=1 runs after c=64/32/8 on the same engines), twice, and the process's threads mid-run
   head -40 $S/e2e_prompts.jsonl > $S/trace_prompts.jsonl

@@ -9,7 +9,8 @@
    (non-paged) K/V holding exactly the keys the queries can see: their natural input. Ours reads
    a paged cache (page size 16, shuffled pages).
 3. The fused injection (5 layers, d=4096, block 16), alone and with its bf16 projections.
-4. The transition walk and block verify at batch 32, V=151936, block 16.
+4. The transition walk and block verify at batch 32, V=151936, block 16 (every variant), and
+   greedy at batch 1, V=49152 (the default model's c=1 round). --sampling-only: 3 and 4 alone.
 
 Times are medians over CUDA-event timed runs with L2 flushed before each run (as in a real decode
 step, where the other layers evict it). Writes benchmarks/results/kernels_<device>.json (or
@@ -382,7 +383,14 @@ def bench_injection(timer: Timer) -> dict:
 
 
 def bench_sampling(timer: Timer, ceilings: dict) -> list[dict]:
-    batch, block, vocab, rank, k = 32, 16, 151936, 256, 8
+    """Issue 12's rows (batch 32, Qwen3's V = 151936, every variant) and the default model's
+    batch-1 round (SmolLM2's V = 49152, greedy), where the launch's latency is what counts."""
+    return (sampling_rows(timer, ceilings, 32, 151936, greedy_only=False)
+            + sampling_rows(timer, ceilings, 1, 49152, greedy_only=True))
+
+
+def sampling_rows(timer: Timer, ceilings: dict, batch: int, vocab: int, greedy_only: bool) -> list[dict]:
+    block, rank, k = 16, 256, 8
     dev = dict(device="cuda")
     rows = []
     logits_w = torch.randn(batch, block - 1, vocab, dtype=BF16, **dev) * 3
@@ -392,7 +400,7 @@ def bench_sampling(timer: Timer, ceilings: dict) -> list[dict]:
     anchor = torch.randint(0, vocab, (batch,), **dev)
     u_w = torch.rand(batch, block - 1, **dev)
     walk_bytes = logits_w.numel() * 2
-    for name, temp in (("greedy", 0.0), ("sampled T=1", 1.0)):
+    for name, temp in (("greedy", 0.0), ("sampled T=1", 1.0))[:1 if greedy_only else 2]:
         t = torch.full((batch,), temp, **dev)
         us = timer(lambda: ops.transition_walk(logits_w, g, pred, succ, anchor, k, t, u_w))
         rows.append({"op": "transition_walk", "variant": name, "us": us, "GBps": walk_bytes / us / 1e3,
@@ -407,9 +415,10 @@ def bench_sampling(timer: Timer, ceilings: dict) -> list[dict]:
     cand_probs = torch.softmax(torch.randn(batch, block - 1, k, **dev), -1)
     u_v = torch.rand(batch, block, **dev)
     verify_bytes = logits_v.numel() * 2
-    for name, temp, top_k, top_p in (("greedy", 0.0, 0, 1.0), ("sampled T=1", 1.0, 0, 1.0),
-                                     ("sampled top-k 50", 1.0, 50, 1.0), ("sampled top-p 0.9", 1.0, 0, 0.9),
-                                     ("sampled top-k 50 + top-p 0.9", 1.0, 50, 0.9)):
+    variants = (("greedy", 0.0, 0, 1.0), ("sampled T=1", 1.0, 0, 1.0),
+                ("sampled top-k 50", 1.0, 50, 1.0), ("sampled top-p 0.9", 1.0, 0, 0.9),
+                ("sampled top-k 50 + top-p 0.9", 1.0, 50, 0.9))
+    for name, temp, top_k, top_p in variants[:1 if greedy_only else len(variants)]:
         t = torch.full((batch,), temp, **dev)
         tk = torch.full((batch,), top_k, dtype=torch.int32, **dev)
         tp = torch.full((batch,), top_p, **dev)
@@ -455,9 +464,10 @@ def markdown(result: dict) -> str:
               f"{inj['fused_op_us']:.1f} us/layer ({inj['fused_op_GBps']:.0f} GB/s), "
               f"{inj['fused_op_5_layers_us']:.1f} us for 5 layers; full injection with bf16 projections "
               f"{inj['full_injection_5_layers_us']:.1f} us per round (paper: <= 150 us).", "",
-              "| op | variant | us | GB/s | %BW | goal us |", "|---|---|---|---|---|---|"]
+              "| op | variant | batch | V | us | GB/s | %BW | goal us |", "|---|---|---|---|---|---|---|---|"]
     for r in result["sampling"]:
-        lines.append(f"| {r['op']} | {r['variant']} | {fmt(r['us'])} | {fmt(r.get('GBps'), '.0f')} "
+        lines.append(f"| {r['op']} | {r['variant']} | {r['batch']} | {r['vocab']} | {fmt(r['us'])} "
+                     f"| {fmt(r.get('GBps'), '.0f')} "
                      f"| {fmt(100 * r['frac_bw'] if r.get('frac_bw') else None, '.0f')} | {fmt(r['goal_us'], '.0f')} |")
     return "\n".join(lines)
 
@@ -472,6 +482,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", nargs="+", default=None, help="only these model shapes")
     parser.add_argument("--attention-only", action="store_true",
                         help="skip the injection, walk and verify rows")
+    parser.add_argument("--sampling-only", action="store_true",
+                        help="only the injection, walk and verify rows (no attention sweep)")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"),
                         help="directory for kernels_<device>.json")
     parser.add_argument("--sm90", choices=["auto", "on", "off", "compare"], default="auto",
@@ -494,7 +506,7 @@ def main(argv=None) -> int:
     result["attention"] = []
     start, cfgs = time.monotonic(), sweep(args.quick)
     cfgs = [c for c in cfgs if (args.modes is None or c.mode in args.modes)
-            and (args.shapes is None or c.shape in args.shapes)]
+            and (args.shapes is None or c.shape in args.shapes) and not args.sampling_only]
     for cfg in tqdm(cfgs, desc="attention", unit="cfg"):
         if args.max_minutes and time.monotonic() - start > 60 * args.max_minutes:
             result["truncated"] = f"{len(result['attention'])} of {len(cfgs)} configurations"
