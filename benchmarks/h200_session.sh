@@ -53,6 +53,9 @@
 #               kernel_bench.py --exact (both forms), then dspine-bench e2e at c=64/8/1 with
 #               --attention fast, exact, and exact on the key split (DSPINE_ATTN_EXACT=2), in
 #               turn, twice.                                                             ~9 min
+#               MEASURE="roundkernels" (not in the default set): round_kernels.py: a c=1
+#               round's device time by phase (CUDA events) and by kernel (torch.profiler),
+#               AR step and drafted rounds at w=4 and 16 (issue 12 item 4).         ~1 min
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
 #               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
@@ -374,6 +377,10 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
       > $R/logs/exactab_${form}_$rep.log 2>&1
     say "exactab $form $rep rc $?: $(grep -E 'c=' $R/logs/exactab_${form}_$rep.log | cut -c1-40 | tr '\n' ';')"
   done; done; pack;; esac
+  case " $MEASURE " in *" roundkernels "*)  # issue 12 item 4: a round's device time by phase and by kernel
+  timeout 150 python3 benchmarks/round_kernels.py --widths 4 16 --out $R > $R/logs/round_kernels.log 2>&1
+  say "round kernels rc $? : $(grep -E '^\| (round|kernels a round|kernel time a round)' $R/logs/round_kernels.log | tr '\n' ' ')"
+  pack;; esac
   case " $MEASURE " in *" floors "*)  # issue 12 item 3: the walk and the block verify (no attention sweep)
   timeout 120 python3 benchmarks/kernel_bench.py --sampling-only --out $R > $R/logs/kernel_floors.log 2>&1
   say "kernel floors rc $? : $(grep -E '^\| (transition_walk|block_verify) \| greedy' $R/logs/kernel_floors.log | tr '\n' ' ')"
