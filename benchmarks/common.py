@@ -78,6 +78,40 @@ def paired_medians(fns, reps: int, warmup: int = 3, rounds: int = 3) -> list[flo
     return [statistics.median(t) for t in runs]
 
 
+def device_kernels(fn, reps: int, prep=None) -> dict:
+    """Every device kernel, memset and copy of `reps` calls of `fn` (after `prep`, untimed but
+    profiled) under torch.profiler, CUDA graphs' kernels included: by name, launches and us a
+    call, largest first, with their sums (launches and busy us a call)."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    count, us = defaultdict(int), defaultdict(float)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            if prep:
+                prep()
+            fn()
+        torch.cuda.synchronize()
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA"):
+            count[e.name] += 1
+            us[e.name] += e.time_range.elapsed_us()
+    rows = sorted(({"name": n, "launches": count[n] / reps, "us": us[n] / reps} for n in count),
+                  key=lambda r: -r["us"])
+    return {"launches": sum(r["launches"] for r in rows), "busy_us": sum(r["us"] for r in rows),
+            "kernels": rows}
+
+
+def kernel_rows_markdown(table: dict, top: int) -> str:
+    """The `top` largest kernels of a device_kernels table, as a markdown table."""
+    lines = [f"{table['launches']:.0f} device launches and {table['busy_us'] / 1e3:.3f} ms of kernel "
+             f"time a call; the {top} largest of {len(table['kernels'])} kernels:", "",
+             "| kernel | launches a call | us a call |", "|---|---|---|"]
+    lines += [f"| {k['name'][:90]} | {k['launches']:.1f} | {k['us']:.1f} |" for k in table["kernels"][:top]]
+    return "\n".join(lines)
+
+
 def run_info(device: str) -> dict:
     return {"device": device_name(device), "date": _dt.date.today().isoformat(),
             "commit": git_commit(), "torch": torch.__version__,

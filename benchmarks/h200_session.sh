@@ -55,7 +55,8 @@
 #               turn, twice.                                                             ~9 min
 #               MEASURE="roundkernels" (not in the default set): round_kernels.py: a c=1
 #               round's device time by phase (CUDA events) and by kernel (torch.profiler),
-#               AR step and drafted rounds at w=4 and 16 (issue 12 item 4).         ~1 min
+#               AR step and drafted rounds at w=4 and 16; then step_table.py --kernels: the
+#               Qwen3-8B-shaped round at batch 1 and 8, 1K, by kernel (issue 12 item 4). ~4 min
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
 #               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
@@ -380,6 +381,10 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   case " $MEASURE " in *" roundkernels "*)  # issue 12 item 4: a round's device time by phase and by kernel
   timeout 150 python3 benchmarks/round_kernels.py --widths 4 16 --out $R > $R/logs/round_kernels.log 2>&1
   say "round kernels rc $? : $(grep -E '^\| (round|kernels a round|kernel time a round)' $R/logs/round_kernels.log | tr '\n' ' ')"
+  # The Qwen3-8B-shaped round (random weights) at batch 1 and 8, 1K context, kernel by kernel.
+  timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 --kernels \
+    --out $R > $R/logs/step_table_kernels.log 2>&1
+  say "step table --kernels rc $? : $(grep -E '^\| (1|8) \|' $R/logs/step_table_kernels.log | cut -c1-120 | tr '\n' ' ')"
   pack;; esac
   case " $MEASURE " in *" floors "*)  # issue 12 item 3: the walk and the block verify (no attention sweep)
   timeout 120 python3 benchmarks/kernel_bench.py --sampling-only --out $R > $R/logs/kernel_floors.log 2>&1

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import RESULTS, run_info, save_json  # noqa: E402
+from common import RESULTS, device_kernels, kernel_rows_markdown, run_info, save_json  # noqa: E402
 
 PHASES = ("stage_padding", "propose", "verify", "accept")
 
@@ -70,25 +70,11 @@ def phase_ms(runner, marks: list, width: int, reps: int, torch) -> dict:
     return {k: statistics.median(v) for k, v in per.items()}
 
 
-def kernel_table(runner, width: int, reps: int, torch) -> dict:
-    """Every device event of `reps` rounds under torch.profiler: launches and us a round, by name."""
-    from torch.profiler import ProfilerActivity, profile
-
+def kernel_table(runner, width: int, reps: int) -> dict:
+    """The device kernels of `reps` rounds (common.device_kernels), after two warm-ups."""
     for _ in range(2):
         runner.padding_round(1, width)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:  # CPU: the links
-        for _ in range(reps):
-            runner.padding_round(1, width)
-        torch.cuda.synchronize()
-    count, us = defaultdict(int), defaultdict(float)
-    for e in prof.events():
-        if str(getattr(e, "device_type", "")).endswith("CUDA"):
-            count[e.name] += 1
-            us[e.name] += e.time_range.elapsed_us()
-    rows = sorted(({"name": n, "launches": count[n] / reps, "us": us[n] / reps} for n in count),
-                  key=lambda r: -r["us"])
-    return {"launches": sum(r["launches"] for r in rows), "busy_us": sum(r["us"] for r in rows),
-            "kernels": rows}
+    return device_kernels(lambda: runner.padding_round(1, width), reps)
 
 
 def measure(engine, widths, reps: int, torch) -> dict:
@@ -97,7 +83,7 @@ def measure(engine, widths, reps: int, torch) -> dict:
     out = {}
     for w in widths:
         out[w] = {"phases_ms": phase_ms(runner, marks, w, reps, torch),
-                  **kernel_table(runner, w, reps, torch)}
+                  **kernel_table(runner, w, reps)}
     return out
 
 
@@ -110,11 +96,7 @@ def print_tables(ar: dict, drafted: dict, top: int) -> None:
     print("| kernels a round | " + " | ".join(f"{r['launches']:.0f}" for _, r in cols) + " |")
     print("| kernel time a round (ms) | " + " | ".join(f"{r['busy_us'] / 1e3:.3f}" for _, r in cols) + " |")
     for label, r in cols:
-        print(f"\n{label}: the {top} largest of {len(r['kernels'])} kernels by time a round")
-        print("| kernel | launches a round | us a round |")
-        print("|---|---|---|")
-        for k in r["kernels"][:top]:
-            print(f"| {k['name'][:90]} | {k['launches']:.1f} | {k['us']:.1f} |")
+        print(f"\n{label}: " + kernel_rows_markdown(r, top))
 
 
 def main(argv=None) -> int:

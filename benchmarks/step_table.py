@@ -32,7 +32,7 @@ for a hybrid target, its recurrent state (the verify reads each layer's checkpoi
 reads and writes it again).
 
     python benchmarks/step_table.py [--target qwen3-8b|qwen3.8-27b] [--batches 1 8 32]
-                                    [--contexts 1024 8192] [--iters N] [--tiny] [--eager]
+                                    [--contexts 1024 8192] [--iters N] [--tiny] [--eager] [--kernels]
                                     [--out DIR]
 
 Writes DIR/step_table_<device>[_<target>].json (`_tiny` appended with --tiny) and prints a
@@ -53,7 +53,8 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, markdown_table, run_info, save_json  # noqa: E402
+from common import (RESULTS, device_kernels, kernel_rows_markdown, markdown_table,  # noqa: E402
+                    run_info, save_json)
 
 from dspine_engine.engine.cache_manager import CacheManager, PagedKVSpec  # noqa: E402
 from dspine_engine.engine.cuda_graphs import graph_sizes  # noqa: E402
@@ -369,7 +370,7 @@ def measure_bandwidth(device) -> dict:
 # --------------------------------------------------------------------------------------------
 
 def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context: int,
-                 iters: int, warmup: int) -> dict:
+                 iters: int, warmup: int, kernels: bool = False) -> dict:
     dev = runner.device
     b = Batch(runner, scheduler, batch, context)
     timed = lambda fn, prep=None: time_ms(fn, dev, iters, warmup, prep)  # noqa: E731
@@ -396,6 +397,9 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
     stats = EngineStats(accepted_by_position=[0] * (runner.block - 1))
     row["round_ms"] = timed(lambda: speculative_round(runner, scheduler, b.seqs, stats),
                             b.place)
+    if kernels and dev.type == "cuda":  # the round's kernels, by name (--kernels)
+        row["round_kernels"] = device_kernels(
+            lambda: speculative_round(runner, scheduler, b.seqs, stats), iters, b.place)
     b.clear()
     return row
 
@@ -517,6 +521,9 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--tiny", action="store_true", help="tiny models: a CPU smoke run in seconds")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--kernels", action="store_true",
+                   help="CUDA: also profile each configuration's round kernel by kernel "
+                        "(torch.profiler; launches and us a round, printed after the table)")
     p.add_argument("--out", default=str(RESULTS), help="directory for step_table_<device>.json")
     args = p.parse_args(argv)
     batches, contexts = DEFAULTS[args.tiny]
@@ -563,7 +570,7 @@ def main(argv=None) -> int:
     configs = [(b, c) for c in args.contexts for b in args.batches]
     for batch, context in (bar := tqdm(configs, desc="step table", unit="cfg")):
         bar.set_postfix(batch=batch, context=context)
-        row = bench_config(runner, scheduler, batch, context, args.iters, args.warmup)
+        row = bench_config(runner, scheduler, batch, context, args.iters, args.warmup, args.kernels)
         kv = (kv_read_bytes(runner.target, runner.draft, batch, context)
               + recurrent_bytes(runner.target, batch))
         result["rows"].append(add_floors(row, weight_bytes, kv, ceilings["copy_GBps"]))
@@ -573,6 +580,10 @@ def main(argv=None) -> int:
     result["complete"] = True
     path = save_json(name, result, args.out)
     print(markdown(result))
+    for row in result["rows"]:
+        if "round_kernels" in row:
+            print(f"\nRound at batch {row['batch']}, context {row['context']}: "
+                  + kernel_rows_markdown(row["round_kernels"], 25))
     print(f"\nwrote {path}")
     return 0
 
