@@ -598,7 +598,7 @@ def _inject(proj, norms, mlp, hidden, anchor_f, eps: float, k: dict) -> torch.Te
     blk = hidden.shape[0] // bsz
     hn, hidden = k["add_rms_norm"](mlp, hidden, norms[4], eps)
     fg = proj[5](hn).view(bsz, blk, 2 * h)
-    f = fg[..., :h].contiguous()
+    f = fg[..., :h]  # a strided view: the GEMM reads it as is (no copy launch), and fg is ours
     f[:, 0] = anchor_f
     fproj = proj[6](f)
     return k["fused_injection"](hidden.view(bsz, blk, h), fg[..., h:], fproj).view(bsz * blk, h)
