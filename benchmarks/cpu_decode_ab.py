@@ -1,20 +1,28 @@
 #!/usr/bin/env python
-"""Two builds of the engine side by side on the CPU: autoregressive tokens/s of the default model.
+"""Two builds of the engine side by side on the CPU: autoregressive tokens/s of the default model,
+or (--what gemm) the quantised GEMM alone at the default model's shapes.
 
 A is this checkout, B another one with its own built extension, e.g. the commit before a change:
 
     git worktree add /tmp/before <commit> && (cd /tmp/before && python setup.py build_ext --inplace)
-    python benchmarks/cpu_decode_ab.py --before /tmp/before [--runs 9] [--tokens 128] [--out DIR]
+    python benchmarks/cpu_decode_ab.py --before /tmp/before [--what decode|gemm] [--runs 9]
+                                       [--tokens 128] [--out DIR]
 
-Each measurement is a fresh process (the default model on its GGUF blocks, `--threads` kernel
-threads, batch 1, four chat prompts answered to `--tokens` tokens each, end to end: prefill
-included); A and B alternate, A B A B ..., after one warm-up each, and the ratio is taken pair by
-pair, so that a machine whose speed drifts (2 shared cores) moves both sides of a pair alike.
-Writes DIR/cpu_decode_ab.json and prints a markdown table (quote the medians).
+Each measurement is a fresh process; A and B alternate, A B A B ..., after one warm-up pair, and
+the ratio is taken pair by pair, so that a machine whose speed drifts (2 shared cores) moves both
+sides of a pair alike.
+- decode: the default model on its GGUF blocks, `--threads` kernel threads, batch 1, four chat
+  prompts answered to `--tokens` tokens each, end to end (prefill included): tokens/s.
+- gemm: `ops.quant_matmul` on random weights of the default model's lm_head (49152 x 576, Q8_0,
+  the GGUF's format for it) and gate_up (3072 x 576, Q4_1) at 1 and 4 activation rows (a decode
+  step's and a 4-token verify's), `--threads` kernel threads: calls/s, the median of 15 timed
+  batches of calls after a warm-up (higher is faster, as tokens/s).
+Writes DIR/cpu_decode_ab[_gemm].json and prints a markdown table (quote the medians).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -40,17 +48,48 @@ def measure(tokens: int, threads: int) -> float:
     return produced / (time.perf_counter() - start)
 
 
+GEMMS = [("q8_0", 49152, 576), ("q4_1", 3072, 576)]  # (format, out, in): lm_head, gate_up
+
+
+def measure_gemm(threads: int) -> dict:
+    """Calls/s of the quantised GEMM at the default model's shapes, 1 and 4 rows."""
+    import torch
+
+    from dspine_engine import ops
+    from dspine_engine.engine.cpu_threads import CpuThreads
+    from dspine_engine.models.quant_dense import quantize_weight
+
+    g = torch.Generator().manual_seed(0)
+    rates = {}
+    with CpuThreads(threads, 1).scope():  # as the engine runs its quantised steps
+        for fmt, n, k in GEMMS:
+            qw = quantize_weight(torch.randn(n, k, generator=g) * 0.1, fmt)
+            for m in (1, 4):
+                x = torch.randn(m, k, generator=g)
+                call = lambda: ops.quant_matmul(x, qw.data, fmt, n)  # noqa: E731
+                for _ in range(20):
+                    call()
+                batches = []
+                for _ in range(15):
+                    t0 = time.perf_counter()
+                    for _ in range(20):
+                        call()
+                    batches.append(20 / (time.perf_counter() - t0))
+                rates[f"{fmt} {n}x{k} m={m}"] = statistics.median(batches)
+    return rates
+
+
 def child_env(tree: Path) -> dict:
     """The environment of a measurement of `tree`: its dspine_engine first on the path (the
     child drops an editable install's finder, which would otherwise win over the path)."""
     return dict(os.environ, DSPINE_AB_TREE=str(tree))
 
 
-def run_child(tree: Path, tokens: int, threads: int) -> float:
-    out = subprocess.run([sys.executable, __file__, "--child", "--tokens", str(tokens),
+def run_child(tree: Path, what: str, tokens: int, threads: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", "--what", what, "--tokens", str(tokens),
                           "--threads", str(threads)], env=child_env(tree), capture_output=True,
                          text=True, check=True, timeout=600)
-    return float(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def commit_of(tree: Path) -> str:
@@ -59,27 +98,36 @@ def commit_of(tree: Path) -> str:
     return out.stdout.strip() or "unknown"
 
 
-def compare(before: Path, runs: int, tokens: int, threads: int) -> dict:
+def compare(before: Path, what: str, runs: int, tokens: int, threads: int) -> dict:
+    """Per measured quantity (tokens/s, or calls/s per GEMM): A's and B's runs, their medians, and
+    the pairs' ratios A/B (median, min, max)."""
     a_runs, b_runs = [], []
     for i in range(runs + 1):  # pair 0 is the warm-up
-        a, b = run_child(ROOT, tokens, threads), run_child(before, tokens, threads)
+        a, b = run_child(ROOT, what, tokens, threads), run_child(before, what, tokens, threads)
         if i:
             a_runs.append(a)
             b_runs.append(b)
-        print(f"pair {i}{' (warm-up)' if not i else ''}: A {a:.1f}, B {b:.1f} tokens/s", file=sys.stderr)
-    ratios = [a / b for a, b in zip(a_runs, b_runs)]
-    return {"a": {"tree": str(ROOT), "commit": commit_of(ROOT), "tokens_per_s": a_runs},
-            "b": {"tree": str(before), "commit": commit_of(before), "tokens_per_s": b_runs},
-            "median_a": statistics.median(a_runs), "median_b": statistics.median(b_runs),
-            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-            "ratio_max": max(ratios), "tokens": tokens, "threads": threads, "prompts": PROMPTS}
+        print(f"pair {i}{' (warm-up)' if not i else ''}: A {a}, B {b}", file=sys.stderr)
+    quantities = {}
+    for key in a_runs[0]:
+        a_vals, b_vals = [r[key] for r in a_runs], [r[key] for r in b_runs]
+        ratios = [x / y for x, y in zip(a_vals, b_vals)]
+        quantities[key] = {"a": a_vals, "b": b_vals, "median_a": statistics.median(a_vals),
+                           "median_b": statistics.median(b_vals), "ratio_median": statistics.median(ratios),
+                           "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    return {"a": {"tree": str(ROOT), "commit": commit_of(ROOT)},
+            "b": {"tree": str(before), "commit": commit_of(before)}, "what": what,
+            "quantities": quantities, "tokens": tokens, "threads": threads,
+            "prompts": PROMPTS if what == "decode" else None}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", type=Path, help="the other checkout (B), its extension built")
+    p.add_argument("--what", choices=["decode", "gemm"], default="decode",
+                   help="decode: tokens/s end to end; gemm: the quantised GEMM alone")
     p.add_argument("--runs", type=int, default=9, help="pairs measured after the warm-up pair")
-    p.add_argument("--tokens", type=int, default=128, help="tokens per answer")
+    p.add_argument("--tokens", type=int, default=128, help="tokens per answer (decode)")
     p.add_argument("--threads", type=int, default=2, help="the engine's CPU kernel threads")
     p.add_argument("--out", type=Path, default=None, help="results folder (benchmarks/results)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -89,19 +137,22 @@ def main() -> int:
         if tree:
             sys.path.insert(0, tree)
             sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-        print(f"{measure(args.tokens, args.threads):.3f}")
+        result = (measure_gemm(args.threads) if args.what == "gemm"
+                  else {"tokens/s": measure(args.tokens, args.threads)})
+        print(json.dumps(result))
         return 0
     if args.before is None or not (args.before / "dspine_engine").is_dir():
         p.error("--before must be another checkout of the project (with its extension built)")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import markdown_table, run_info, save_json
 
-    result = dict(run_info("cpu"), **compare(args.before, args.runs, args.tokens, args.threads))
-    path = save_json("cpu_decode_ab", result, args.out)
-    print(markdown_table(["build", "commit", "tokens/s (median)", "A/B per pair: median (min-max)"],
-                         [["A", result["a"]["commit"], result["median_a"],
-                           f"{result['ratio_median']:.3f} ({result['ratio_min']:.3f}-{result['ratio_max']:.3f})"],
-                          ["B", result["b"]["commit"], result["median_b"], "-"]]))
+    result = dict(run_info("cpu"), **compare(args.before, args.what, args.runs, args.tokens, args.threads))
+    path = save_json("cpu_decode_ab" + ("_gemm" if args.what == "gemm" else ""), result, args.out)
+    rows = [[key, f"{q['median_a']:.1f}", f"{q['median_b']:.1f}",
+             f"{q['ratio_median']:.3f} ({q['ratio_min']:.3f}-{q['ratio_max']:.3f})"]
+            for key, q in result["quantities"].items()]
+    print(f"A {result['a']['commit']} ({ROOT}), B {result['b']['commit']} ({args.before})")
+    print(markdown_table(["quantity", "A (median)", "B (median)", "A/B per pair: median (min-max)"], rows))
     print(f"wrote {path}")
     return 0
 
