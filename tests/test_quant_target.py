@@ -82,6 +82,54 @@ def test_quantised_default_model_logits(smollm2_quant_engine, smollm2_engine):
         assert int(ours.argmax()) == int(ref.argmax())
 
 
+def _without_one_op(target):
+    """A context in which `target` runs its decoder loop op by op (ops.target_layers unused)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope():
+        saved, target.layer_tables = target.layer_tables, None
+        try:
+            yield
+        finally:
+            target.layer_tables = saved
+    return scope()
+
+
+def test_one_op_layers_are_the_loop_bitwise(smollm2_quant_engine, tiny_gguf):
+    """The decoder layers of a quantised CPU target run as one op (ops.target_layers): a
+    prompt's logits must be bitwise the op-by-op loop's, on the default model and on the tiny
+    model of mixed formats (Q8_0 q|k|v beside Q4_1 layers)."""
+    tiny = Engine(tiny_gguf, progress=False)
+    for eng, ids in ((smollm2_quant_engine, smollm2_quant_engine.tokenizer.encode_chat(
+            [{"role": "user", "content": PROMPTS[0]}])), (tiny, [5, 17, 33, 40, 41, 60, 7, 9])):
+        assert eng.target.layer_tables is not None, "the quantised CPU target should use the op"
+        one_op = _last_logits(eng, ids)
+        with _without_one_op(eng.target):
+            loop = _last_logits(eng, ids)
+        assert torch.equal(one_op, loop)
+
+
+def test_one_op_layers_feed_the_draft_the_loops_taps(quant_prompts):
+    """Speculative decoding on the GGUF blocks with the one-op layers: the answers and the
+    drafter's acceptance (which reads the target's tapped layers) are exactly those of the
+    op-by-op loop, batched and alone."""
+    eng = Engine(None, draft="default", dtype="gguf", spec_policy="fixed", progress=False,
+                 max_num_seqs=4)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    runs = []
+    for one_op in (True, False):
+        eng.reset_stats()
+        if one_op:
+            outs = [r.token_ids for r in eng.generate(quant_prompts, params)]
+        else:
+            with _without_one_op(eng.target):
+                outs = [r.token_ids for r in eng.generate(quant_prompts, params)]
+        runs.append((outs, list(eng.stats.accepted_by_position)))
+    assert runs[0] == runs[1]
+    assert sum(runs[0][1]) > 0  # the drafter was used and accepted something
+
+
 def test_weights_are_not_copied_to_fp32(smollm2_quant_engine):
     target = smollm2_quant_engine.target
     matrices = [w for layer in target.layers for w in (layer.qkv, layer.o, layer.gate_up,

@@ -40,6 +40,7 @@ def shard_target(model: TargetModel, rank: int, world: int) -> TargetModel:
     model.lm_head_dense = _vocab_shard(model.lm_head_dense, cfg.vocab_size, rank, world)
     model.config = dataclasses.replace(cfg, num_heads=heads, num_kv_heads=kv_heads,
                                        intermediate_size=share)
+    model.layer_tables = None  # ops.target_layers holds whole tables: the sharded loop runs op by op
     return model
 
 

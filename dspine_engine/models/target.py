@@ -55,6 +55,9 @@ class TargetModel:
         # Row-exact attention (ops.paged_attention, exact): the engine sets it from its
         # `attention` setting; a model used on its own (training capture, tests) runs "fast".
         self.exact_attention = False
+        # The layers as ops.target_layers takes them (one op a forward), or None: the loop
+        # below runs op by op (a GPU, fp32/bf16 weights, or a layer the op does not cover).
+        self.layer_tables = self._layer_tables()
 
     # ---------------------------------------------------------------------------- loading
     @classmethod
@@ -119,20 +122,42 @@ class TargetModel:
         if positions > self.cos_sin.shape[0]:
             self.cos_sin = self._rope_table(positions)
 
-    # ---------------------------------------------------------------------------- forward
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, meta: AttnMeta, k_caches, v_caches,
-                logit_rows: torch.Tensor | None = None, tap_layers: tuple[int, ...] = ()):
-        """Runs the decoder over ``tokens [N]`` and returns ``(logits, taps)``.
+    def _layer_tables(self) -> dict | None:
+        layers = self.layers
+        if not (self.quantized and self.device.type == "cpu" and type(self) is TargetModel
+                and layers):  # a hybrid target's layers are not all attention layers
+            return None
+        plain = all(isinstance(p, QuantWeight) for lay in layers
+                    for p in (lay.qkv, lay.o, lay.gate_up, lay.down))
+        covered = all(lay.q_norm is None and not lay.output_gate and lay.kv_index == i
+                      for i, lay in enumerate(layers))
+        if not (plain and covered):
+            return None
+        tables = [p for lay in layers for p in (lay.qkv, lay.o, lay.gate_up, lay.down)]
+        return {"weights": [t.data for t in tables],
+                "formats": [ops.QUANT_FORMAT_CODES[t.format] for t in tables],
+                "norms": [w for lay in layers for w in (lay.in_norm, lay.post_norm)],
+                "windows": [lay.window for lay in layers]}
 
-        ``logits`` covers ``logit_rows`` (all rows when None); ``taps [N, len(tap_layers)*H]``
-        concatenates the outputs of the requested layers (the draft's context), or is None."""
+    def _layers_in_one_op(self, hidden, meta: AttnMeta, k_caches, v_caches,
+                          tap_layers: tuple[int, ...]):
+        """The decoder loop below as one op (ops.target_layers): (hidden, residual, taps)."""
+        cfg, t = self.config, self.layer_tables
+        order = sorted(set(tap_layers))
+        hidden, residual, tapped = ops.target_layers(
+            hidden, t["weights"], t["formats"], t["norms"], t["windows"], cfg.num_heads,
+            cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps,
+            meta.positions, meta.slots, self.cos_sin, list(k_caches), list(v_caches),
+            meta.block_tables, meta.kv_lens, meta.cu_q, meta.max_q_len, meta.causal, self.scale,
+            meta.max_kv_len, order)
+        return hidden, residual, dict(zip(order, tapped))
+
+    def _layers_op_by_op(self, hidden, meta: AttnMeta, k_caches, v_caches,
+                         tap_layers: tuple[int, ...]):
+        """The decoder loop, an op a step: (hidden, residual, taps) after the last layer."""
         cfg = self.config
-        hidden = embedding_rows(self.embed, tokens)
         residual = None
         taps: dict[int, torch.Tensor] = {}
-        if any(not 0 <= t < cfg.num_layers for t in tap_layers):
-            raise ValueError(f"tap layers {tap_layers} outside 0..{cfg.num_layers - 1}")
         for i, layer in enumerate(self.layers):
             if residual is None:
                 x, residual = ops.rms_norm(hidden, layer.in_norm, cfg.rms_norm_eps), hidden
@@ -143,6 +168,22 @@ class TargetModel:
             hidden = layer.down(ops.silu_mul(layer.gate_up(x)))
             if i in tap_layers:
                 taps[i] = hidden + residual  # the layer's output, before the next norm
+        return hidden, residual, taps
+
+    # ---------------------------------------------------------------------------- forward
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, meta: AttnMeta, k_caches, v_caches,
+                logit_rows: torch.Tensor | None = None, tap_layers: tuple[int, ...] = ()):
+        """Runs the decoder over ``tokens [N]`` and returns ``(logits, taps)``.
+
+        ``logits`` covers ``logit_rows`` (all rows when None); ``taps [N, len(tap_layers)*H]``
+        concatenates the outputs of the requested layers (the draft's context), or is None."""
+        cfg = self.config
+        if any(not 0 <= t < cfg.num_layers for t in tap_layers):
+            raise ValueError(f"tap layers {tap_layers} outside 0..{cfg.num_layers - 1}")
+        hidden = embedding_rows(self.embed, tokens)
+        layers = self._layers_op_by_op if self.layer_tables is None else self._layers_in_one_op
+        hidden, residual, taps = layers(hidden, meta, k_caches, v_caches, tap_layers)
         if logit_rows is not None:
             hidden, residual = hidden[logit_rows], residual[logit_rows]
         x, _ = ops.add_rms_norm(hidden, residual, self.norm, cfg.rms_norm_eps)
