@@ -20,6 +20,13 @@ DSPINE_OPS(DSPINE_DECLARE_OP)
 }  // namespace cuda
 #undef DSPINE_DECLARE_OP
 
+namespace cpu {
+// The quantised GEMM's binding (CPU only, quant_bindings.cpp), which the one-op layer loops
+// (draft_layers.cpp, target_layers.cpp) call without a dispatch.
+at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, c10::string_view format,
+                        int64_t out_features);
+}  // namespace cpu
+
 // Argument checks shared by both backends: they turn misuse into a readable Python error.
 void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& kv_lens,

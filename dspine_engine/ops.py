@@ -637,10 +637,7 @@ def draft_layers_ref(hidden, ctx, anchor_f, weights, norms, format, heads, kv_he
                              eps, *rest, kernels=REFERENCES)
 
 
-QUANT_FORMAT_CODES = {"q8_0": 0, "q4_1": 1}  # csrc/cpu/quant_gemm.h, Format
-
-
-def target_layers(hidden, weights: list, formats: list[int], norms: list, windows: list[int],
+def target_layers(hidden, weights: list, formats: list[str], norms: list, windows: list[int],
                   heads: int, kv_heads: int, head_dim: int, inter: int, eps: float, positions,
                   slots, cos_sin, k_caches, v_caches, block_tables, kv_lens, cu_q,
                   max_q_len: int, causal: bool, scale: float, max_kv_len: int,
@@ -649,7 +646,7 @@ def target_layers(hidden, weights: list, formats: list[int], norms: list, window
     forward's loop (models/target.py) for layers with fused q|k|v (no bias, no q/k norms, no
     output gate) and a gated MLP, the same kernels in the same order, so bitwise the loop.
     ``weights`` the packed tables, 4 a layer (qkv, o, gate_up, down), ``formats`` their
-    `QUANT_FORMAT_CODES`, ``norms`` 2 a layer (in, post), ``windows`` one a layer;
+    formats (as `quant_matmul`'s), ``norms`` 2 a layer (in, post), ``windows`` one a layer;
     ``tap_layers`` ascending. Returns ``(hidden, residual, taps)``: the last layer's MLP output
     and residual (the final norm adds them) and ``hidden + residual`` after each tap layer."""
     return _ops.target_layers(hidden, weights, formats, norms, windows, heads, kv_heads,

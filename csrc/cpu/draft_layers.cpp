@@ -14,10 +14,6 @@
 namespace dspine {
 namespace cpu {
 
-// The quantised GEMM's binding (quant_bindings.cpp), called here without a dispatch.
-at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, c10::string_view format,
-                        int64_t out_features);
-
 namespace {
 
 // Shapes and scalars shared by every layer.

@@ -9,6 +9,7 @@
 #include <vector>
 #include <torch/library.h>
 
+#include "../dspine_ops.h"
 #include "common.h"
 #include "quant_gemm.h"
 

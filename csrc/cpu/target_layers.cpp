@@ -13,14 +13,9 @@
 #include <vector>
 
 #include "../dspine_ops.h"
-#include "quant_gemm.h"
 
 namespace dspine {
 namespace cpu {
-
-// The quantised GEMM's binding (quant_bindings.cpp), called here without a dispatch.
-at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, c10::string_view format,
-                        int64_t out_features);
 
 namespace {
 
@@ -32,13 +27,8 @@ struct Shapes {
   double eps;
 };
 
-const char* format_name(int64_t code) {
-  TORCH_CHECK(code == quant::kQ8_0 || code == quant::kQ4_1, "target_layers: unknown format code ", code);
-  return code == quant::kQ4_1 ? "q4_1" : "q8_0";
-}
-
 // The layer's attention: fused q|k|v projection, RoPE + KV write, paged attention, o projection.
-at::Tensor attention(const Shapes& s, const at::Tensor* w, const char* const* fmt, const at::Tensor& x,
+at::Tensor attention(const Shapes& s, const at::Tensor* w, const std::string* fmt, const at::Tensor& x,
                      const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& cos_sin,
                      at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& block_tables,
                      const at::Tensor& kv_lens, const at::Tensor& cu_q, int64_t max_q_len, bool causal,
@@ -59,7 +49,7 @@ at::Tensor attention(const Shapes& s, const at::Tensor* w, const char* const* fm
 // Returns (hidden, residual) after the last layer (before the final norm's add) and the taps,
 // hidden + residual after each layer of `tap_layers` (ascending, distinct), as the loop does.
 std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> target_layers(
-    const at::Tensor& hidden_in, at::TensorList weights, at::IntArrayRef formats, at::TensorList norms,
+    const at::Tensor& hidden_in, at::TensorList weights, const std::vector<std::string>& formats, at::TensorList norms,
     at::IntArrayRef windows, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t inter, double eps,
     const at::Tensor& positions, const at::Tensor& slots, const at::Tensor& cos_sin, at::TensorList k_caches,
     at::TensorList v_caches, const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
@@ -76,15 +66,13 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> target_layers(
   for (size_t t = 0; t < tap_layers.size(); ++t)
     TORCH_CHECK(tap_layers[t] >= 0 && tap_layers[t] < layers && (t == 0 || tap_layers[t] > tap_layers[t - 1]),
                 "target_layers: tap_layers must be distinct layers in ascending order");
-  std::vector<const char*> fmt(formats.size());
-  for (size_t i = 0; i < formats.size(); ++i) fmt[i] = format_name(formats[i]);
   const Shapes s{heads, kv_heads, head_dim, inter, eps};
   at::Tensor hidden = hidden_in, residual, x;
   std::vector<at::Tensor> taps;
   size_t next_tap = 0;
   for (int64_t i = 0; i < layers; ++i) {
     const at::Tensor* w = &weights[kTables * i];
-    const char* const* f = &fmt[kTables * i];
+    const std::string* f = &formats[kTables * i];  // each checked by quant_matmul
     if (i == 0) {
       x = rms_norm(hidden, norms[0], eps);
       residual = hidden;
@@ -110,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> target_layers(
 // CPU only, like the quantised ops it runs on (quant_bindings.cpp).
 TORCH_LIBRARY_FRAGMENT(dspine, m) {
   m.def(
-      "target_layers(Tensor hidden, Tensor[] weights, int[] formats, Tensor[] norms, int[] windows, "
+      "target_layers(Tensor hidden, Tensor[] weights, str[] formats, Tensor[] norms, int[] windows, "
       "int heads, int kv_heads, int head_dim, int inter, float eps, Tensor positions, Tensor slots, "
       "Tensor cos_sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor block_tables, Tensor kv_lens, "
       "Tensor cu_q, int max_q_len, bool causal, float scale, int max_kv_len, int[] tap_layers) "

@@ -135,7 +135,7 @@ class TargetModel:
             return None
         tables = [p for lay in layers for p in (lay.qkv, lay.o, lay.gate_up, lay.down)]
         return {"weights": [t.data for t in tables],
-                "formats": [ops.QUANT_FORMAT_CODES[t.format] for t in tables],
+                "formats": [t.format for t in tables],
                 "norms": [w for lay in layers for w in (lay.in_norm, lay.post_norm)],
                 "windows": [lay.window for lay in layers]}
 
