@@ -271,58 +271,28 @@ DSPINE_AVX2 void q8_0_avx2(const TileArgs& a) {
 // (DSPINE_AVX512 is defined above, with the activations' quantiser.)
 
 
-template <int R>
+// T adjacent full tiles (16 T outputs) against the same rows; tile t's bytes start a.nb blocks
+// after tile t - 1's, its outputs 16 columns later in a.out. Every output gets the same operations
+// in the same order whatever T; T = 2 loads each row's activation broadcasts (4 bytes a dot
+// product, the block's scale and sum) once for both tiles. Why T = 2: at 4 rows those broadcasts
+// were a third of a tile's instructions, and on the CPU a 4-row verify's GEMMs do not hide under
+// the weights' streaming (docs/BENCHMARKS.md, "a round op by op").
+template <int R, int T = 1>
 DSPINE_AVX512 void q4_1_avx512(const TileArgs& a) {
   const __m512i low = _mm512_set1_epi8(0x0f);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* blk = a.w + b * 320;
+    const uint8_t* blk[T];
+    for (int t = 0; t < T; ++t) blk[t] = a.w + (t * a.nb + b) * 320;
     const int8_t* xb = a.xq + b * kBlock;
-    __m512i s32[R];
-    for (int r = 0; r < R; ++r) s32[r] = _mm512_setzero_si512();
+    __m512i s32[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) s32[r][t] = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
-      const __m512i w = _mm512_loadu_si512(blk + 64 + 64 * p);
-      const __m512i lo = _mm512_and_si512(w, low);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xr = xb + r * a.k;
-        s32[r] = _mm512_dpbusd_epi32(s32[r], lo, _mm512_set1_epi32(load_i32(xr + 4 * p)));
-        s32[r] = _mm512_dpbusd_epi32(s32[r], hi, _mm512_set1_epi32(load_i32(xr + 16 + 4 * p)));
-      }
-    }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-    const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
-    for (int r = 0; r < R; ++r) {
-      const __m512 t = _mm512_mul_ps(_mm512_mul_ps(dw, _mm512_set1_ps(a.xd[r * a.nb + b])),
-                                     _mm512_cvtepi32_ps(s32[r]));
-      const __m512 u = _mm512_mul_ps(mw, _mm512_set1_ps(a.xs[r * a.nb + b]));
-      acc[r] = _mm512_add_ps(acc[r], _mm512_add_ps(t, u));
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(a.out + r * a.ldo, acc[r]);
-}
-
-// Two adjacent full tiles (32 outputs) against the same rows: q4_1_avx512's operations for each
-// output, in its order, with each row's activation broadcasts (4 bytes a dot product, the block's
-// scale and sum) loaded once for both tiles. Why: at 4 rows those broadcasts were a third of the
-// tile's instructions, and on the CPU a 4-row verify's GEMMs do not hide under the weights'
-// streaming (docs/BENCHMARKS.md, "a round op by op"). Tile 2's bytes follow tile 1's (a.nb
-// blocks later), its outputs the next 16 columns of a.out.
-template <int R>
-DSPINE_AVX512 void q4_1_avx512_pair(const TileArgs& a) {
-  const __m512i low = _mm512_set1_epi8(0x0f);
-  const int64_t second = a.nb * 320;
-  __m512 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* blk[2] = {a.w + b * 320, a.w + second + b * 320};
-    const int8_t* xb = a.xq + b * kBlock;
-    __m512i s32[R][2];
-    for (int r = 0; r < R; ++r) s32[r][0] = s32[r][1] = _mm512_setzero_si512();
-    for (int p = 0; p < 4; ++p) {
-      __m512i lo[2], hi[2];
-      for (int t = 0; t < 2; ++t) {
+      __m512i lo[T], hi[T];
+      for (int t = 0; t < T; ++t) {
         const __m512i w = _mm512_loadu_si512(blk[t] + 64 + 64 * p);
         lo[t] = _mm512_and_si512(w, low);
         hi[t] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
@@ -331,20 +301,20 @@ DSPINE_AVX512 void q4_1_avx512_pair(const TileArgs& a) {
         const int8_t* xr = xb + r * a.k;
         const __m512i xl = _mm512_set1_epi32(load_i32(xr + 4 * p));
         const __m512i xh = _mm512_set1_epi32(load_i32(xr + 16 + 4 * p));
-        for (int t = 0; t < 2; ++t) {
+        for (int t = 0; t < T; ++t) {
           s32[r][t] = _mm512_dpbusd_epi32(s32[r][t], lo[t], xl);
           s32[r][t] = _mm512_dpbusd_epi32(s32[r][t], hi[t], xh);
         }
       }
     }
-    __m512 dw[2], mw[2];
-    for (int t = 0; t < 2; ++t) {
+    __m512 dw[T], mw[T];
+    for (int t = 0; t < T; ++t) {
       dw[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[t])));
       mw[t] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[t] + 32)));
     }
     for (int r = 0; r < R; ++r) {
       const __m512 xd = _mm512_set1_ps(a.xd[r * a.nb + b]), xs = _mm512_set1_ps(a.xs[r * a.nb + b]);
-      for (int t = 0; t < 2; ++t) {
+      for (int t = 0; t < T; ++t) {
         const __m512 tt = _mm512_mul_ps(_mm512_mul_ps(dw[t], xd), _mm512_cvtepi32_ps(s32[r][t]));
         const __m512 u = _mm512_mul_ps(mw[t], xs);
         acc[r][t] = _mm512_add_ps(acc[r][t], _mm512_add_ps(tt, u));
@@ -352,7 +322,12 @@ DSPINE_AVX512 void q4_1_avx512_pair(const TileArgs& a) {
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < 2; ++t) _mm512_storeu_ps(a.out + r * a.ldo + 16 * t, acc[r][t]);
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(a.out + r * a.ldo + 16 * t, acc[r][t]);
+}
+
+template <int R>
+DSPINE_AVX512 void q4_1_avx512_pair(const TileArgs& a) {  // for the rows table below
+  q4_1_avx512<R, 2>(a);
 }
 
 template <int R>
@@ -391,32 +366,23 @@ using TileKernel = void (*)(const TileArgs&);
 
 #define DSPINE_ROWS_TABLE(fn) {&fn<1>, &fn<2>, &fn<3>, &fn<4>}
 
-TileKernel simd_kernel(Isa isa, Format f, int rows) {
+// `tiles` adjacent tiles a call: 2 only for Q4_1 on AVX-512 VNNI (run_tiles pairs them).
+TileKernel simd_kernel(Isa isa, Format f, int rows, int tiles) {
   static const TileKernel q4_avx2[kRowGroup] = DSPINE_ROWS_TABLE(q4_1_avx2);
   static const TileKernel q8_avx2[kRowGroup] = DSPINE_ROWS_TABLE(q8_0_avx2);
   static const TileKernel q4_avx512[kRowGroup] = DSPINE_ROWS_TABLE(q4_1_avx512);
+  static const TileKernel q4_avx512_pair[kRowGroup] = DSPINE_ROWS_TABLE(q4_1_avx512_pair);
   static const TileKernel q8_avx512[kRowGroup] = DSPINE_ROWS_TABLE(q8_0_avx512);
+  if (tiles == 2) return q4_avx512_pair[rows - 1];
   if (isa == Isa::kAvx512Vnni) return (f == kQ4_1 ? q4_avx512 : q8_avx512)[rows - 1];
   return (f == kQ4_1 ? q4_avx2 : q8_avx2)[rows - 1];
 }
 
-void run_tile(Isa isa, Format f, int rows, const TileArgs& a) {
+void run_tile(Isa isa, Format f, int rows, int tiles, const TileArgs& a) {
   if (isa == Isa::kScalar)
     tile_scalar(f, rows, a);
   else
-    simd_kernel(isa, f, rows)(a);
-}
-
-// Q4_1 on AVX-512 VNNI: two full tiles a pass (q4_1_avx512_pair), for every row group.
-void run_tile_pair(int64_t g, const uint8_t* w, int64_t tile_bytes, const QuantActs& acts, int64_t m,
-                   int64_t k, int64_t n, float* y) {
-  static const TileKernel pair[kRowGroup] = DSPINE_ROWS_TABLE(q4_1_avx512_pair);
-  for (int64_t r0 = 0; r0 < m; r0 += kRowGroup) {
-    const int rows = static_cast<int>(std::min<int64_t>(kRowGroup, m - r0));
-    const TileArgs a{w + g * tile_bytes, acts.nb, k, acts.q.data() + r0 * k, acts.d.data() + r0 * acts.nb,
-                     acts.s.data() + r0 * acts.nb, y + r0 * n + g * kTileRows, n};
-    pair[rows - 1](a);
-  }
+    simd_kernel(isa, f, rows, tiles)(a);
 }
 
 void run_tiles(Isa isa, Format f, const uint8_t* w, int64_t g0, int64_t g1, const QuantActs& acts,
@@ -424,20 +390,17 @@ void run_tiles(Isa isa, Format f, const uint8_t* w, int64_t g0, int64_t g1, cons
   const int64_t tile_bytes = acts.nb * tile_block_bytes(f);
   float partial[kRowGroup * kTileRows];
   const bool pairs = isa == Isa::kAvx512Vnni && f == kQ4_1;
-  for (int64_t g = g0; g < g1; ++g) {
-    if (pairs && g + 1 < g1 && (g + 2) * kTileRows <= n) {  // two full tiles of this chunk
-      run_tile_pair(g, w, tile_bytes, acts, m, k, n, y);
-      ++g;
-      continue;
-    }
-    const int64_t cols = std::min<int64_t>(kTileRows, n - g * kTileRows);
+  for (int64_t g = g0, tiles = 1; g < g1; g += tiles) {
+    // Two full tiles of this chunk a call where the kernel exists (q4_1_avx512<R, 2>).
+    tiles = pairs && g + 1 < g1 && (g + 2) * kTileRows <= n ? 2 : 1;
+    const int64_t cols = std::min<int64_t>(tiles * kTileRows, n - g * kTileRows);
     for (int64_t r0 = 0; r0 < m; r0 += kRowGroup) {
       const int rows = static_cast<int>(std::min<int64_t>(kRowGroup, m - r0));
-      const bool direct = cols == kTileRows;  // a padded last tile goes through `partial`
+      const bool direct = cols == tiles * kTileRows;  // a padded last tile goes through `partial`
       TileArgs a{w + g * tile_bytes, acts.nb, k, acts.q.data() + r0 * k, acts.d.data() + r0 * acts.nb,
                  acts.s.data() + r0 * acts.nb, direct ? y + r0 * n + g * kTileRows : partial,
                  direct ? n : kTileRows};
-      run_tile(isa, f, rows, a);
+      run_tile(isa, f, rows, static_cast<int>(tiles), a);
       if (!direct)
         for (int r = 0; r < rows; ++r)
           std::memcpy(y + (r0 + r) * n + g * kTileRows, partial + r * kTileRows, cols * sizeof(float));
