@@ -8,9 +8,9 @@
 //   ... of 8), and the slice's last CTA to finish (per-row arrival counter) combines the slices'
 //   bests. Why split: one CTA a row left a batch-32 verify at 1.03 waves of CTAs on an H200 with
 //   each CTA streaming a 300 KB row, and a batch-1 verify at 16 CTAs for 132 SMs.
-// - sampled rows are read by the row's first CTA alone (the others return at once): the pass
-//   below needs thread-owned contiguous chunks for its inverse-CDF prefix sums.
-// - sampled rows: the statistics of p_j = softmax(x / T) with tie-inclusive top-k / top-p
+// - sampled rows, read by the row's first CTA alone (the others return at once: the pass needs
+//   thread-owned contiguous chunks for its inverse-CDF prefix sums): the statistics of
+//   p_j = softmax(x / T) with tie-inclusive top-k / top-p
 //   (thresholds found by radix passes over the row, no sort), p_j(d_j), the accept test
 //   u_j * q_j(d_j) < p_j(d_j), and per-chunk masses of p_j and of the residual max(0, p_j - q_j)
 //   (q is sparse: the residual differs from p only at the K candidates).

@@ -127,13 +127,11 @@ class TargetModel:
         if not (self.quantized and self.device.type == "cpu" and type(self) is TargetModel
                 and layers):  # a hybrid target's layers are not all attention layers
             return None
-        plain = all(isinstance(p, QuantWeight) for lay in layers
-                    for p in (lay.qkv, lay.o, lay.gate_up, lay.down))
+        tables = [p for lay in layers for p in (lay.qkv, lay.o, lay.gate_up, lay.down)]
         covered = all(lay.q_norm is None and not lay.output_gate and lay.kv_index == i
                       for i, lay in enumerate(layers))
-        if not (plain and covered):
+        if not (covered and all(isinstance(t, QuantWeight) for t in tables)):
             return None
-        tables = [p for lay in layers for p in (lay.qkv, lay.o, lay.gate_up, lay.down)]
         return {"weights": [t.data for t in tables],
                 "formats": [t.format for t in tables],
                 "norms": [w for lay in layers for w in (lay.in_norm, lay.post_norm)],
