@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from .weight_arena import weight_buffer
 
 # Bytes of one GGUF block of 32 values: fp16 d [+ fp16 m] + the quants.
 GGUF_BLOCK_BYTES = {"q8_0": 34, "q4_1": 20}
@@ -86,7 +87,8 @@ def pack_gguf_blocks(raw: np.ndarray, format: str, chunk_tiles: int = 256) -> to
         raise ValueError(f"{format} rows must be whole blocks of {bs} bytes, got {row_bytes}")
     nb = row_bytes // bs
     tiles = math.ceil(rows / _TILE)
-    out = torch.empty((tiles, nb, ops.QUANT_TILE_BLOCK_BYTES[format]), dtype=torch.uint8)
+    tile_bytes = ops.QUANT_TILE_BLOCK_BYTES[format]
+    out = weight_buffer(tiles * nb * tile_bytes).view(tiles, nb, tile_bytes)  # huge pages
     out_np = out.numpy()
     for t0 in range(0, tiles, chunk_tiles):
         t1 = min(tiles, t0 + chunk_tiles)
