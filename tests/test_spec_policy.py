@@ -55,6 +55,26 @@ def test_plain_decoding_when_speculation_cannot_pay():
     assert pol.plan(batch) == [(1, batch)]
 
 
+@pytest.mark.parametrize("accepted", [1, 3, 8])
+def test_drafting_needs_the_minimum_gain(accepted):
+    """A round drafts only when its predicted rate beats plain decoding by ``min_gain``: the
+    policy's own prediction G (expected tokens over the profile's relative cost, best width)
+    drafts under min_gain just below G and decodes plainly just above it."""
+    profile = linear_profile(per_token=0.15)
+    batch = seqs(1)
+
+    def taught(min_gain):
+        pol = policy(profile, min_gain=min_gain)
+        teach(pol, batch, [accepted])
+        return pol
+
+    expected = taught(1.0).expected_tokens(np.array([0]))[0]
+    gain = max(expected[w - 1] * profile.cost(1, 1) / profile.cost(w, 1) for w in WIDTHS[1:])
+    assert gain > 1.0
+    below, above = taught(gain * 0.99).plan(batch), taught(gain * 1.01).plan(batch)
+    assert below[0][0] > 1 and above == [(1, batch)]
+
+
 def test_flat_cost_and_high_acceptance_verify_the_widest_bucket():
     batch = seqs(3)
     pol = policy(linear_profile(per_token=0.0))
@@ -402,6 +422,8 @@ def test_bad_cost_profiles_are_refused(tmp_path):
     (dict(num_speculative_tokens="4"), "num_speculative_tokens must be a positive integer"),
     (dict(reprofile="yes"), "reprofile must be True or False"),
     (dict(spec_cost_profile=3), "spec_cost_profile must be a path"),
+    (dict(spec_min_gain=0.9), "spec_min_gain must be a number >= 1.0"),
+    (dict(spec_min_gain="1.1"), "spec_min_gain must be a number >= 1.0"),
 ])
 def test_bad_settings_are_clear_errors(kw, match):
     with pytest.raises(ValueError, match=match):

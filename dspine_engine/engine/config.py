@@ -46,6 +46,11 @@ class EngineConfig:
     # (cost_calibrator.py; opt-in: on the CPU it did not beat the measured profile, DECISIONS.md
     # "Online calibration"); False plans from the profile as measured or given.
     spec_calibration: bool = False
+    # "auto": the predicted speed-up a drafted round must show over plain decoding before the
+    # policy drafts (1.0: any predicted gain). The estimates behind the prediction carry ~10%
+    # error on a shared CPU, so a predicted gain under that was as often a loss (DECISIONS.md,
+    # "A drafted round must promise a margin").
+    spec_min_gain: float = 1.1
     # What a draft forward runs over: "full" the whole block (what the drafter was trained on),
     # "verified" the anchor and the drafts the round verifies alone (a w-token round drafts
     # from a w-token block: its attention is bidirectional, so proposals change a little, the
@@ -101,6 +106,8 @@ class EngineConfig:
         for name in ("cuda_graphs", "reprofile", "spec_calibration"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.spec_min_gain, (int, float)) or not self.spec_min_gain >= 1.0:
+            raise ValueError(f"spec_min_gain must be a number >= 1.0, got {self.spec_min_gain!r}")
         if self.draft_block not in DRAFT_BLOCKS:
             raise ValueError(f"draft_block must be one of {', '.join(DRAFT_BLOCKS)}, got "
                              f"{self.draft_block!r}")

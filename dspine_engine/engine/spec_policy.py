@@ -18,7 +18,9 @@ plain decode step), ``w`` from a few buckets so CUDA graphs apply. The plan is a
 groups: the ``m`` sequences with the highest expected gain verify ``w`` tokens, the rest decode
 one; (w, m) maximise expected committed tokens per predicted second,
 ``(sum_top_m E_i(w) + (b - m)) / (cost(w, m) + cost(1, b - m))``, against plain decoding of the
-whole batch. Given a cost profile and the statistics the plan is deterministic. It is made
+whole batch, and only when that beats plain decoding by the factor ``min_gain`` (a predicted
+gain within the estimates' error is as often a loss). Given a cost profile and the statistics
+the plan is deterministic. It is made
 afresh every round from the statistics as they are (forgetting and the global counts move every
 estimate every round), in a few numpy calls: the rate denominators of each batch size are
 computed once, and every width and split is scored in one pass. When plain
@@ -83,7 +85,7 @@ class AutoPolicy:
                  global_weight: float = 2.0, forget: float = 0.97, global_forget: float = 0.999,
                  explore_interval: int = 8, max_explore_interval: int = 1024,
                  explore_budget: float = 0.02, calibrate: bool = False,
-                 width_weight: float = 8.0):
+                 width_weight: float = 8.0, min_gain: float = 1.0):
         if 1 not in widths or any(w > block for w in widths):
             raise ValueError(f"verify widths {widths} must include 1 and not exceed the block "
                              f"of {block}")
@@ -103,6 +105,7 @@ class AutoPolicy:
         self._interval = explore_interval
         self._max_interval = max_explore_interval
         self._explore_budget = explore_budget
+        self._min_gain = min_gain
         self._since_drafted = 0
         self._plain_seconds = 0.0  # predicted time of the plain rounds since the last drafted
         # ... in the profile's seconds: calibration may rescale every cost at once (a given
@@ -185,7 +188,7 @@ class AutoPolicy:
             tokens = gain
         rate = tokens / cost
         best = int(rate.argmax())  # the first maximum: the narrowest width, then the fewest
-        if not rate.item(best) > plain_rate:
+        if not rate.item(best) > plain_rate * self._min_gain:
             j = int(rate[:, -1].argmax())  # the last column: all b sequences drafting
             loss = cost.item(j, b - 1) - tokens.item(j, b - 1) / plain_rate
             return 1, None, (self.widths[j + 1], loss)
@@ -240,4 +243,4 @@ def build_policy(config, runner, identity: dict, progress: bool):
         cost = load_or_measure(runner, widths, config.max_num_seqs, identity, cache_dir(),
                                config.reprofile, progress)
     return AutoPolicy(runner.block, widths, cost, runner.cache.max_seats, config.max_num_seqs,
-                      calibrate=config.spec_calibration)
+                      calibrate=config.spec_calibration, min_gain=config.spec_min_gain)
