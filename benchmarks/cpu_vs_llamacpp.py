@@ -167,7 +167,7 @@ def _run_job(job: dict, tmp: Path) -> dict:
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"worker {job['config']} failed:\n{proc.stderr[-3000:]}")
+    raise RuntimeError(f"worker {job['config']} failed (exit code {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
 def _summary(values: list[float]) -> dict:
