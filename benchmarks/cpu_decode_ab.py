@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Two builds of the engine side by side on the CPU: autoregressive tokens/s of the default model,
-or (--what gemm) the quantised GEMM alone at the default model's shapes.
+or (--what gemm / stream) the quantised GEMM alone at the default model's shapes.
 
 A is this checkout, B another one with its own built extension, e.g. the commit before a change:
 
     git worktree add /tmp/before <commit> && (cd /tmp/before && python setup.py build_ext --inplace)
-    python benchmarks/cpu_decode_ab.py --before /tmp/before [--what decode|gemm] [--runs 9]
+    python benchmarks/cpu_decode_ab.py --before /tmp/before [--what decode|gemm|stream] [--runs 9]
                                        [--tokens 128] [--out DIR]
 
 Each measurement is a fresh process; A and B alternate, A B A B ..., after one warm-up pair, and
@@ -17,7 +17,12 @@ sides of a pair alike.
   the GGUF's format for it) and gate_up (3072 x 576, Q4_1) at 1 and 4 activation rows (a decode
   step's and a 4-token verify's), `--threads` kernel threads: calls/s, the median of 15 timed
   batches of calls after a warm-up (higher is faster, as tokens/s).
-Writes DIR/cpu_decode_ab[_gemm].json and prints a markdown table (quote the medians).
+- stream: the gate_up GEMM over STREAM_COPIES separate copies of its weights (132 MB of Q4_1
+  tiles, more than this machine's share of the cache, as a decode step's ~100 MB of weights
+  are) at 1, 2 and 4 rows, one copy after another: GB/s of weights read, the median of 9 passes
+  after 3 warm-up ones; beside them a plain read of as many bytes (numpy's sum over float32), the
+  rate the memory gives one thread. What the weights' prefetch and huge pages are measured by.
+Writes DIR/cpu_decode_ab[_gemm|_stream].json and prints a markdown table (quote the medians).
 """
 from __future__ import annotations
 
@@ -79,6 +84,44 @@ def measure_gemm(threads: int) -> dict:
     return rates
 
 
+STREAM_COPIES = 120  # x 3072 x 576 Q4_1 = 132 MB
+
+
+def measure_stream(threads: int) -> dict:
+    """GB/s of the gate_up GEMM reading STREAM_COPIES copies of its weights (see the docstring)."""
+    import numpy as np
+    import torch
+
+    from dspine_engine import ops
+    from dspine_engine.engine.cpu_threads import CpuThreads
+    from dspine_engine.models.quant_dense import quantize_blocks, quant_weight_from_blocks
+
+    fmt, n, k = GEMMS[1]
+    blocks = quantize_blocks(torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.1, fmt)
+    copies = [quant_weight_from_blocks(blocks, fmt) for _ in range(STREAM_COPIES)]  # as a model loads
+    nbytes = sum(w.data.numel() for w in copies)
+
+    def rate(call) -> float:
+        for _ in range(3):
+            call()
+        times = []
+        for _ in range(9):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        return nbytes / statistics.median(times) / 1e9
+
+    rates = {}
+    with CpuThreads(threads, 1).scope():
+        for m in (1, 2, 4):
+            x = torch.randn(m, k)
+            rates[f"{fmt} GEMM GB/s, m={m}"] = rate(
+                lambda: [ops.quant_matmul(x, w.data, fmt, n) for w in copies])
+    plain = np.ones(nbytes // 4, np.float32)
+    rates["plain read GB/s (numpy sum)"] = rate(lambda: plain.sum())
+    return rates
+
+
 def child_env(tree: Path) -> dict:
     """The environment of a measurement of `tree`: its dspine_engine first on the path (the
     child drops an editable install's finder, which would otherwise win over the path)."""
@@ -124,8 +167,9 @@ def compare(before: Path, what: str, runs: int, tokens: int, threads: int) -> di
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--before", type=Path, help="the other checkout (B), its extension built")
-    p.add_argument("--what", choices=["decode", "gemm"], default="decode",
-                   help="decode: tokens/s end to end; gemm: the quantised GEMM alone")
+    p.add_argument("--what", choices=["decode", "gemm", "stream"], default="decode",
+                   help="decode: tokens/s end to end; gemm: the quantised GEMM alone; stream: "
+                        "the GEMM over more weights than the cache holds, GB/s")
     p.add_argument("--runs", type=int, default=9, help="pairs measured after the warm-up pair")
     p.add_argument("--tokens", type=int, default=128, help="tokens per answer (decode)")
     p.add_argument("--threads", type=int, default=2, help="the engine's CPU kernel threads")
@@ -137,8 +181,10 @@ def main() -> int:
         if tree:
             sys.path.insert(0, tree)
             sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-        result = (measure_gemm(args.threads) if args.what == "gemm"
-                  else {"tokens/s": measure(args.tokens, args.threads)})
+        measures = {"gemm": lambda: measure_gemm(args.threads),
+                    "stream": lambda: measure_stream(args.threads),
+                    "decode": lambda: {"tokens/s": measure(args.tokens, args.threads)}}
+        result = measures[args.what]()
         print(json.dumps(result))
         return 0
     if args.before is None or not (args.before / "dspine_engine").is_dir():
@@ -147,7 +193,8 @@ def main() -> int:
     from common import markdown_table, run_info, save_json
 
     result = dict(run_info("cpu"), **compare(args.before, args.what, args.runs, args.tokens, args.threads))
-    path = save_json("cpu_decode_ab" + ("_gemm" if args.what == "gemm" else ""), result, args.out)
+    path = save_json("cpu_decode_ab" + ("" if args.what == "decode" else f"_{args.what}"), result,
+                     args.out)
     rows = [[key, f"{q['median_a']:.1f}", f"{q['median_b']:.1f}",
              f"{q['ratio_median']:.3f} ({q['ratio_min']:.3f}-{q['ratio_max']:.3f})"]
             for key, q in result["quantities"].items()]
