@@ -3,9 +3,11 @@ blocks and runs them on the quantised kernels (Engine.draft_weight_format): each
 fp32 weight within half a quantisation step, and the draft's states stay those of the
 fp32-bound draft up to rounding. Output is the target's either way
 (tests/test_quant_lossless.py, with the shipped drafter)."""
+import pytest
 import torch
 
 from dspine_engine import Engine
+from dspine_engine.models.dspine import DSpineDraft
 from dspine_engine.models.quant_dense import QuantWeight
 from engine_rounds import prepared, running_after_rounds
 from random_drafts import write_random_draft
@@ -20,11 +22,11 @@ def _projections(bound):
     return tables
 
 
-def _draft_states(eng):
+def _draft_states(eng, draft):
     runner = eng.runner
     meta, taps, positions, slots = runner._pending_context(runner._n, runner._width)
-    return eng.draft(runner.inputs.dev["anchors"][:runner._n].long(), taps, positions, slots,
-                     meta, runner.draft_kv.k, runner.draft_kv.v)
+    return draft(runner.inputs.dev["anchors"][:runner._n].long(), taps, positions, slots,
+                 meta, runner.draft_kv.k, runner.draft_kv.v)
 
 
 def _within_half_a_q4_1_step(table: QuantWeight, weight: torch.Tensor) -> bool:
@@ -39,13 +41,15 @@ def _within_half_a_q4_1_step(table: QuantWeight, weight: torch.Tensor) -> bool:
 
 
 def test_the_draft_runs_on_q4_1_blocks_beside_a_quantised_target(tmp_path):
-    eng = Engine(None, draft=write_random_draft(tmp_path / "draft"), device="cpu", dtype="gguf",
-                 progress=False, max_num_seqs=2)
+    path = write_random_draft(tmp_path / "draft")
+    eng = Engine(None, draft=path, device="cpu", dtype="gguf", progress=False, max_num_seqs=2)
     assert eng.quantized and eng.draft_weight_format == "q4_1"
-    draft, bound = eng.draft, eng.draft.bound
+    bound = eng.draft.bound
+    # The engine's draft dropped its fp32 projections after binding: compare with a fresh load.
+    fp32 = DSpineDraft.load(path, progress=False)
     assert all(isinstance(t, QuantWeight) and t.format == "q4_1" for t in _projections(bound))
     assert _within_half_a_q4_1_step(bound.layers[0].q,
-                                    draft.layers[0].self_attn.q_proj.weight.detach())
+                                    fp32.layers[0].self_attn.q_proj.weight.detach())
     # The heads read a Q4_1 copy of the target's Q8_0 table (the target keeps its own).
     head, table = bound.lm_head_dense, eng.target.lm_head
     assert head.format == "q4_1" and table.format == "q8_0" and head is not table
@@ -53,11 +57,35 @@ def test_the_draft_runs_on_q4_1_blocks_beside_a_quantised_target(tmp_path):
 
     with running_after_rounds(eng, ["def add(a, b):", "Say hello."], rounds=2) as seqs:
         prepared(eng, seqs)
-        quantised = _draft_states(eng)
-        draft.bind(eng.target.embed, eng.target.lm_head, eng.target.config,
-                   eng.target.lm_head_dense, max_positions=eng.config.max_position)
-        exact = _draft_states(eng)
+        quantised = _draft_states(eng, eng.draft)
+        fp32.bind(eng.target.embed, eng.target.lm_head, eng.target.config,
+                  eng.target.lm_head_dense, max_positions=eng.config.max_position)
+        exact = _draft_states(eng, fp32)
     assert torch.isfinite(quantised).all()
     cos = torch.nn.functional.cosine_similarity(quantised.flatten(1), exact.flatten(1), dim=-1)
     # Q4_1 rounds 8x coarser than Q8_0 (0.999 there): measured 0.989-0.991 for this draft
     assert float(cos.min()) > 0.98, cos
+
+
+def test_an_engines_draft_keeps_only_what_inference_reads(tmp_path):
+    """After binding, the engine's draft frees its module's projections (bind laid them out
+    again: fused, quantised here), keeps the norms, and refuses a second bind; its states are
+    those it had before dropping them."""
+    path = write_random_draft(tmp_path / "draft")
+    eng = Engine(None, draft=path, device="cpu", dtype="gguf", progress=False, max_num_seqs=2)
+    draft = eng.draft
+    linears = [m for m in draft.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.numel() == 0 for m in linears)
+    assert draft.norm.weight.numel() == draft.config.hidden_size
+    with running_after_rounds(eng, ["def add(a, b):", "Say hello."], rounds=2) as seqs:
+        prepared(eng, seqs)
+        after = _draft_states(eng, draft)
+        kept = DSpineDraft.load(path, progress=False)
+        kept.bind(eng.target.embed, eng.target.lm_head, eng.target.config,
+                  eng.target.lm_head_dense, max_positions=eng.config.max_position,
+                  weight_format=eng.draft_weight_format)
+        before = _draft_states(eng, kept)
+    assert torch.equal(after, before)
+    with pytest.raises(RuntimeError, match="dropped after its first bind"):
+        draft.bind(eng.target.embed, eng.target.lm_head, eng.target.config,
+                   eng.target.lm_head_dense)

@@ -144,7 +144,7 @@ class Engine:
                  max_prefill_tokens=_DEFAULT, max_model_len=_DEFAULT, cuda_graphs=_DEFAULT,
                  admission_batch=_DEFAULT, spec_policy=_DEFAULT,
                  num_speculative_tokens=_DEFAULT, spec_cost_profile=_DEFAULT,
-                 reprofile=_DEFAULT, spec_calibration=_DEFAULT,
+                 reprofile=_DEFAULT, spec_calibration=_DEFAULT, spec_min_gain=_DEFAULT,
                  tensor_parallel_size=_DEFAULT, cpu_threads=_DEFAULT,
                  draft_block=_DEFAULT, attention=_DEFAULT, progress: bool = True,
                  config: EngineConfig | None = None):
@@ -166,7 +166,9 @@ class Engine:
         measured cost model (cached; ``reprofile=True`` measures again, ``spec_cost_profile``
         reads a given profile) and each request's acceptance (spec_policy.py); with
         ``spec_calibration=True`` (opt-in) the profile is corrected online from the rounds'
-        observed times (cost_calibrator.py; `calibrated_costs()` reports it).
+        observed times (cost_calibrator.py; `calibrated_costs()` reports it);
+        ``spec_min_gain`` (default 1.1) is the predicted speed-up over plain decoding a drafted
+        round must show.
         ``draft_block`` says what a draft forward runs over: "full" (the whole block), "verified"
         (the anchor and the drafts the round verifies: cheaper where rows cost, proposals change
         a little, output never) or "auto" (default: verified on the CPU, full on CUDA).
@@ -190,7 +192,7 @@ class Engine:
             max_prefill_tokens=max_prefill_tokens, max_model_len=max_model_len,
             cuda_graphs=cuda_graphs, admission_batch=admission_batch, spec_policy=spec_policy,
             num_speculative_tokens=num_speculative_tokens, spec_cost_profile=spec_cost_profile,
-            reprofile=reprofile, spec_calibration=spec_calibration,
+            reprofile=reprofile, spec_calibration=spec_calibration, spec_min_gain=spec_min_gain,
             tensor_parallel_size=tensor_parallel_size,
             cpu_threads=cpu_threads, draft_block=draft_block, attention=attention).items()
             if v is not _DEFAULT}
@@ -228,6 +230,7 @@ class Engine:
             self.draft.bind(self.target.embed, self.target.lm_head, cfg,
                             self.target.lm_head_dense, max_positions=self.config.max_position,
                             weight_format=self.draft_weight_format)
+            self.draft.drop_training_projections()  # bind made the copies inference reads
         if self._workers is not None:  # after bind: the draft keeps the whole lm_head
             self.target = self._workers.drive(self.target)
         self.eos_ids = self.tokenizer.eos_token_ids | set(cfg.eos_token_ids)

@@ -196,6 +196,7 @@ class DSpineDraft(nn.Module):
                                if c.mask_token_id is None else None)
         self.scale = 1.0 / math.sqrt(c.head_dim)
         self._bound = None  # set by bind(): shared target tensors + inference caches
+        self._projections_dropped = False  # drop_training_projections() was called
 
     # ------------------------------------------------------------------ construction / io
     def init_weights(self, seed: int = 0, std: float = 0.02) -> "DSpineDraft":
@@ -255,6 +256,9 @@ class DSpineDraft(nn.Module):
         bytes it reads; docs/DECISIONS.md). Drafts change by the rounding only; output stays
         the target's."""
         c = self.config
+        if self._projections_dropped:
+            raise RuntimeError("this draft's projection weights were dropped after its first "
+                               "bind (drop_training_projections): load it again to bind it anew")
         c.check_target(target_config)
         dtype, device = lm_head.dtype, lm_head.device  # (a QuantWeight table computes in fp32)
 
@@ -299,6 +303,19 @@ class DSpineDraft(nn.Module):
             injection=None if inj is None else InjectionTables(
                 dense(inj.predictor.weight, inj.gate.weight[:, :h]),
                 dense(inj.gate.weight[:, h:], inj.inject.weight)))
+
+    def drop_training_projections(self) -> None:
+        """Frees the module's projection weights (every ``nn.Linear``) once `bind` has laid them
+        out for inference, which reads only the norms and the mask embedding of the module
+        afterwards. Why: `bind` copies the projections (fused, and quantised beside a GGUF
+        target), so an engine's draft held them twice: on the CPU the fp32 module was 76 MB of
+        the drafted engine's ~290 MB over the target alone. The training forward and a second
+        bind are then impossible (bind says so)."""
+        self.bound  # noqa: B018 (raises when not bound: nothing else would hold the weights)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                module.weight = nn.Parameter(module.weight.new_empty(0), requires_grad=False)
+        self._projections_dropped = True
 
     @property
     def bound(self) -> BoundTables:
