@@ -2,9 +2,9 @@
 
 Why: a CPU decode step reads every weight once (~100 MB for the default model), more than the
 caches hold, so the weights stream from memory every step. In 4 KiB pages that is ~25,000 TLB
-misses a step, each a page walk (a two-level one under a hypervisor); in 2 MiB pages ~50. On the
-2-core development machine the quantised GEMMs read ~13% faster from huge pages
-(docs/BENCHMARKS.md, "prefetching the weights, and huge pages").
+misses a step, each a page walk (a two-level one under a hypervisor); in 2 MiB pages ~50. With
+the GEMM kernels' prefetch, the weights stream 1.31-1.46x faster than before both
+(docs/BENCHMARKS.md, "prefetching the weights, huge pages, ...").
 
 How: Linux backs a private anonymous mapping with huge pages where it is advised to
 (``madvise(MADV_HUGEPAGE)``, honoured when /sys/kernel/mm/transparent_hugepage/enabled is
