@@ -123,11 +123,15 @@ inline int64_t query_tile(const int32_t* cu_q, const PagedAttentionArgs& a, int 
   return tile;
 }
 
-// Work is counted in query-by-key multiply-adds (rows x keys x head_dim). Below 2^21 of them
-// (decode over a short context: a few microseconds) the kernel runs on the calling thread, as it
-// did with a bound of its own: an item is too short to pay for waking a helper, which on a shared
-// machine steals the core from the GEMVs around it (chunk_pool.h).
-constexpr int64_t kParallelWork = int64_t{1} << 21;
+// Work is counted in query-by-key multiply-adds (rows x keys x head_dim). Below 2^16 of them
+// (decode over ~100 keys of the default model: a microsecond or two) the kernel runs on the
+// calling thread: an item that short does not pay for a helper's hand-off. Above it the helpers
+// take items: within a step they are spinning between the GEMMs anyway (chunk_pool.h; perf of a
+// 2-thread decode step: the helper idle ~45% of it, the attention ~13% of the caller's time).
+// The bound was 2^21 until 2026-12-05; 2^16 decoded 1.04x / 1.02x faster (cpu_decode_ab.py,
+// 2 threads, two A/Bs of 7 and 9 pairs, docs/BENCHMARKS.md). Any bound gives every row the same
+// result.
+constexpr int64_t kParallelWork = int64_t{1} << 16;
 
 // A call with too few tiles for the threads (decode at batch 1) runs its long tiles' segments as
 // separate items on the threads from 2^18 multiply-adds (SmolLM2-135M's 9 heads x 64 dims: 455
