@@ -56,6 +56,20 @@ def measure(tokens: int, threads: int) -> float:
 GEMMS = [("q8_0", 49152, 576), ("q4_1", 3072, 576)]  # (format, out, in): lm_head, gate_up
 
 
+def calls_per_second(call, warmup: int, batches: int, per_batch: int) -> float:
+    """The median over ``batches`` timed batches of ``per_batch`` calls each, after ``warmup``
+    untimed calls, of calls a second."""
+    for _ in range(warmup):
+        call()
+    rates = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(per_batch):
+            call()
+        rates.append(per_batch / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
 def measure_gemm(threads: int) -> dict:
     """Calls/s of the quantised GEMM at the default model's shapes, 1 and 4 rows."""
     import torch
@@ -71,16 +85,8 @@ def measure_gemm(threads: int) -> dict:
             qw = quantize_weight(torch.randn(n, k, generator=g) * 0.1, fmt)
             for m in (1, 4):
                 x = torch.randn(m, k, generator=g)
-                call = lambda: ops.quant_matmul(x, qw.data, fmt, n)  # noqa: E731
-                for _ in range(20):
-                    call()
-                batches = []
-                for _ in range(15):
-                    t0 = time.perf_counter()
-                    for _ in range(20):
-                        call()
-                    batches.append(20 / (time.perf_counter() - t0))
-                rates[f"{fmt} {n}x{k} m={m}"] = statistics.median(batches)
+                rates[f"{fmt} {n}x{k} m={m}"] = calls_per_second(
+                    lambda: ops.quant_matmul(x, qw.data, fmt, n), warmup=20, batches=15, per_batch=20)
     return rates
 
 
@@ -101,15 +107,8 @@ def measure_stream(threads: int) -> dict:
     copies = [quant_weight_from_blocks(blocks, fmt) for _ in range(STREAM_COPIES)]  # as a model loads
     nbytes = sum(w.data.numel() for w in copies)
 
-    def rate(call) -> float:
-        for _ in range(3):
-            call()
-        times = []
-        for _ in range(9):
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        return nbytes / statistics.median(times) / 1e9
+    def rate(call) -> float:  # GB/s: the bytes one call reads, at the median of 9 timed calls
+        return nbytes * calls_per_second(call, warmup=3, batches=9, per_batch=1) / 1e9
 
     rates = {}
     with CpuThreads(threads, 1).scope():
