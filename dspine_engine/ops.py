@@ -925,7 +925,6 @@ def _register_fakes() -> None:
     def _(hidden, ctx, anchor_f, *rest):
         return torch.empty_like(hidden)
 
-
     @reg(lib + "target_layers")
     def _(hidden, *rest):
         taps = rest[-1]
