@@ -196,7 +196,9 @@ def recount(log, batch, prior=0.5, prior_weight=4.0, global_weight=2.0, forget=0
                 hit[seat][j] += j < n
                 g_hit[j] += j < n
                 w_hit[width][j] += j < n
-    g = [(h + global_weight * prior) / (t + global_weight) for t, h in zip(g_tried, g_hit)]
+    g = []  # each position shrunk toward the one before it (the first toward the prior)
+    for t, h in zip(g_tried, g_hit):
+        g.append((h + global_weight * (g[-1] if g else prior)) / (t + global_weight))
     expected = []
     for s in batch:
         row = [1.0]
@@ -303,11 +305,16 @@ def test_exploration_verifies_the_width_closest_to_paying():
     # lose ~w - 2 steps) and its outcome decides whether drafting starts.
     pol = policy(linear_profile(per_token=1.0), explore_interval=2, explore_budget=float("inf"))
     assert {w for _, w, _ in explored_rounds(pol, seqs(2), 40)} == {2}
-    # Flat cost: the widest bucket is the one closest to paying.
-    pol = policy(linear_profile(per_token=0.0, base=1.0), explore_interval=2,
-                 explore_budget=float("inf"))
-    teach(pol, seqs(2), [0, 0], rounds=40)  # plain decoding wins at every width now
-    assert {w for _, w, _ in explored_rounds(pol, seqs(2), 40)} == {BLOCK}
+    # Every drafted round costs two plain steps whatever its width: the widest bucket is the
+    # one closest to paying. Drafts accepted at 0.3 each: plain decoding wins (E(16) ~ 1.43).
+    flat = CostProfile({w: {1: 1.0 if w == 1 else 2.0, 64: 64.0 if w == 1 else 128.0}
+                        for w in WIDTHS})
+    pol = policy(flat, explore_interval=2, explore_budget=float("inf"))
+    batch, seats, rng = seqs(2), np.array([0, 1]), np.random.default_rng(3)
+    for _ in range(200):
+        pol.observe(seats, BLOCK, np.minimum(rng.geometric(0.7, 2) - 1, BLOCK - 1))
+    assert pol.plan(batch) == [(1, batch)]
+    assert {w for _, w, _ in explored_rounds(pol, batch, 40)} == {BLOCK}
 
 
 def test_exploration_costs_at_most_its_budget():
@@ -341,6 +348,33 @@ def test_a_request_that_would_pay_is_drafted_after_one_probe():
     first = widths.index(next(w for w in widths if w > 1))
     assert widths[:first] == [1] * 7  # the default interval: the 8th round probes
     assert all(w > 1 for w in widths[first:])
+
+
+def test_positions_no_round_verified_are_expected_like_the_deepest_verified():
+    """A GPU-like profile at c = 1 (every width about the same round, 8 tokens 1% cheaper than
+    16) and a drafter whose every draft is accepted with probability 0.9 given the ones before:
+    a policy taught only at 8 tokens moves to 16 (the drafts it never verified are expected at
+    the acceptance of the deepest verified, not at the neutral prior of 0.5) and stays there."""
+    profile = CostProfile({1: {1: 0.7}, 2: {1: 1.0}, 4: {1: 1.0}, 8: {1: 1.0}, 16: {1: 1.01}})
+    pol = policy(profile)
+    batch, seats = seqs(1), np.array([0])
+    rng = np.random.default_rng(5)
+
+    def accepted(width):  # each draft accepted with probability 0.9 given the ones before
+        return np.array([min(int(rng.geometric(0.1)) - 1, width - 1)])
+
+    for _ in range(20):  # rounds at 8 tokens only
+        pol.plan(batch)
+        pol.observe(seats, 8, accepted(8))
+    acceptance = pol.global_acceptance()
+    unverified = acceptance[7:]  # positions 8..15: never verified
+    np.testing.assert_allclose(unverified, acceptance[6], rtol=0.05)
+    widths = []
+    for _ in range(60):
+        (w, _), *_ = pol.plan(batch)
+        widths.append(w)
+        pol.observe(seats, w, accepted(w))
+    assert widths[-30:] == [16] * 30
 
 
 def test_fixed_policy_verifies_its_width():
@@ -474,11 +508,13 @@ def test_acceptance_is_estimated_per_width_where_the_drafts_depend_on_it():
     """With width 8 observed now and then (the calibration's neighbour rounds), width 8's own
     d1..d3 price its rounds, not the 4-token rounds' better ones: the policy stays at 4 (pooled
     over widths, E(8) / E(4) read ~1.28, the cost ratio, and the policy drifted toward 8). One
-    simulated run's estimate is noisy (1.08-1.23 over seeds 0-7 against 1.19 true), so every
-    seed must keep the policy at 4 and price 8 below its cost, and their median must be within
-    0.05 of the truth."""
+    simulated run's estimate is noisy (1.09-1.38 over seeds 0-7 against 1.19 true: d4..d7 are
+    verified only in the width-8 rounds, and since those positions are no longer pulled toward
+    the neutral prior of 0.5 nothing biases E(8) low; seed 7 verifies 8 in ~20% of its rounds,
+    a 1.4% loss of the simulated rate), so: every seed verifies 4 in most rounds, 8 of 10
+    rounds overall, the seeds' median prices 8 below its cost and within 0.05 of the truth."""
     true = {w: 1 + np.cumsum(np.cumprod(BY_WIDTH[w])).item(-1) for w in (4, 8)}
-    ratios = []
+    ratios, at_four, rounds = [], 0, 0
     for seed in range(8):
         profile = CostProfile({w: {1: c, 64: 64 * c} for w, c in CPU_COSTS.items()})
         pol = policy(profile, calibrate=True)
@@ -486,7 +522,8 @@ def test_acceptance_is_estimated_per_width_where_the_drafts_depend_on_it():
         assert widths.get(8, 0) > 80, seed  # width 8 was observed
         e = pol.expected_tokens(np.array([0]))[0]
         ratios.append(e[7] / e[3])
-        assert ratios[-1] < CPU_COSTS[8] / CPU_COSTS[4], seed
-        assert pol.choose(np.array([0]))[0] == 4, seed
-        assert widths[4] > 0.8 * sum(widths.values()), seed
+        assert widths[4] > 0.7 * sum(widths.values()), seed
+        at_four, rounds = at_four + widths[4], rounds + sum(widths.values())
+    assert at_four > 0.8 * rounds
+    assert float(np.median(ratios)) < CPU_COSTS[8] / CPU_COSTS[4]
     assert float(np.median(ratios)) == pytest.approx(true[8] / true[4], abs=0.05), ratios

@@ -3,7 +3,8 @@ expected to gain from verifying ``k`` drafts.
 
 Per seat, decayed counts of the draft positions verified (tried) and accepted (hit); per
 position the conditional acceptance ``a_j = P(d_j accepted | d_1..d_{j-1} accepted)`` is the
-seat's counts shrunk toward the engine-wide counts (themselves shrunk toward a neutral prior),
+seat's counts shrunk toward the engine-wide counts (themselves shrunk toward a neutral prior at
+the first position and toward the previous position's estimate after it: global_acceptance),
 and ``E(w) = 1 + sum_k prod_{j<=k} a_j`` is the tokens a round verifying ``w`` commits.
 
 By width: where a w-token round drafts from a w-token block (``draft_block="verified"``, the
@@ -68,8 +69,9 @@ class AcceptanceStats:
         self._rows = np.zeros((0, 2, drafts))
         self._row_of = np.full(max_seats + 1, -1)  # a seat's row in _rows, -1 if none
         self._global = np.zeros((2, drafts))
-        # The global counts' prior: global_weight positions tried, prior of them hit.
-        self._global_prior = np.array([[global_weight], [global_weight * prior]])
+        # The global counts' prior: global_weight positions tried, of them hit: prior at the
+        # first position, the estimate of the position before at every later one.
+        self._global_weight, self._prior = float(global_weight), float(prior)
         # What a seat's counts are shrunk with: prior_weight positions tried, that many times
         # the global acceptance hit (stale once the global counts moved).
         self._shrink = np.full((2, drafts), float(prior_weight))
@@ -152,9 +154,19 @@ class AcceptanceStats:
 
     # ----------------------------------------------------------------- estimates
     def global_acceptance(self) -> np.ndarray:
-        """Engine-wide conditional acceptance by position (the prior of every request)."""
-        both = self._global + self._global_prior
-        return both[HIT] / both[TRIED]
+        """Engine-wide conditional acceptance by position (the prior of every request): the
+        first position's counts shrunk toward the neutral prior, each later position's toward
+        the estimate of the one before it. So a position no round has verified yet (beyond
+        every width the policy used) is expected to be accepted as the deepest verified one
+        is, not at the neutral prior: with a flat prior a policy that began at 8 tokens priced
+        the 16-token round's extra drafts at coin flips and never verified them, while their
+        acceptance was that of the first eight (H200, c = 1: auto 0.90x fixed). (A loop of
+        ``drafts`` floats: cheaper than numpy's calls at this size.)"""
+        weight, estimate, out = self._global_weight, self._prior, []
+        for tried, hit in zip(*self._global.tolist()):
+            estimate = (hit + weight * estimate) / (tried + weight)
+            out.append(estimate)
+        return np.array(out)
 
     def width_acceptance(self) -> np.ndarray:
         """Engine-wide conditional acceptance by position of each drafted width (the pooled

@@ -8,7 +8,9 @@ whole block). `AutoPolicy` (dynamic verification) plans each round from two thin
 - the acceptance expected for each request: per-position conditional acceptance
   ``a_j = P(d_j accepted | d_1..d_{j-1} accepted)``, counted online per request and shrunk
   toward the engine-wide counts (the drafter's global statistics, themselves starting from a
-  neutral prior), with exponential forgetting, so a request that stopped being verified drifts
+  neutral prior at the first position and from the previous position's estimate after it, so
+  drafts no round has verified are expected like the deepest verified), with exponential
+  forgetting, so a request that stopped being verified drifts
   back to the global estimate and is tried again; per verify width, the engine-wide acceptance
   of that width's rounds as a factor on it (a w-token round may draft from a w-token block,
   whose proposals depend on w: acceptance.py).
