@@ -477,14 +477,30 @@ __device__ __forceinline__ void combine_row(const PagedAttentionParams& p, int64
     l_sum += weight[j] * l_part[j];
   }
   l_sum = warp_sum(l_sum);
+  // The splits with a weight lie in [lo, hi]: only those O rows are read. A graph's grid is
+  // planned for its largest context, so most splits of a short one are empty, and reading them
+  // all cost the combine a memory round trip per kUnroll of them. The same weights are added in
+  // the same order: the result is bitwise the full loop's.
+  int lo = kMaxSplits, hi = -1;
+#pragma unroll
+  for (int j = 0; j < kSplitRegs; ++j) {
+    const unsigned used = __ballot_sync(kFullMask, weight[j] != 0.f);
+    if (used != 0u) {
+      lo = min(lo, j * kWarpSize + __ffs(used) - 1);
+      hi = j * kWarpSize + kWarpSize - 1 - __clz(used);
+    }
+  }
   float acc[kPerLane];
 #pragma unroll
   for (int e = 0; e < kPerLane; ++e) acc[e] = 0.f;
   const float* o_row = p.partial_o + row_index * D + lane * kPerLane;
 #pragma unroll
   for (int j = 0; j < kSplitRegs; ++j) {
-    if (j * kWarpSize >= p.num_splits) break;
-    for (int s0 = 0; s0 < kWarpSize && j * kWarpSize + s0 < p.num_splits; s0 += kUnroll) {
+    if (j * kWarpSize > hi || j * kWarpSize + kWarpSize <= lo) continue;  // uniform over the warp
+    // From lo rounded down to kUnroll (so s0 + u stays a lane of this register) up to hi.
+    const int begin = max(lo - j * kWarpSize, 0) / kUnroll * kUnroll;
+    const int end = min(hi - j * kWarpSize + 1, kWarpSize);
+    for (int s0 = begin; s0 < end; s0 += kUnroll) {
       float vals[kUnroll][kPerLane];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -492,7 +508,7 @@ __device__ __forceinline__ void combine_row(const PagedAttentionParams& p, int64
         const float* src = o_row + static_cast<int64_t>(s) * rows * D;
 #pragma unroll
         for (int e = 0; e < kPerLane; e += 2) {
-          const float2 v = s < p.num_splits ? __ldcg(reinterpret_cast<const float2*>(src + e)) : make_float2(0.f, 0.f);
+          const float2 v = s0 + u < end ? __ldcg(reinterpret_cast<const float2*>(src + e)) : make_float2(0.f, 0.f);
           vals[u][e] = v.x;
           vals[u][e + 1] = v.y;
         }
