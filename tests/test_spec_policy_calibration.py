@@ -195,13 +195,11 @@ def test_a_wrong_profile_is_corrected_to_the_right_choice():
     assert right.choose(np.array([0]))[0] == 4
     wrong = policy(profile_of(WRONG_STEPS))
     run_rounds(wrong, 200, timed=False)
-    assert wrong.choose(np.array([0]))[0] == 8  # uncalibrated, it stays wrong (4 priced 3x)
+    assert wrong.choose(np.array([0]))[0] == 2  # uncalibrated, it stays wrong
     calibrated = policy(profile_of(WRONG_STEPS), calibrate=True)
-    widths = run_rounds(calibrated, 300)  # 2, then 8, until 4 is observed 5 times
+    widths = run_rounds(calibrated, 200)
     assert calibrated.choose(np.array([0]))[0] == 4
-    # The plain step measured first: every fourth round plain (the drafted ones at 2, then
-    # at 8 once the drafts beyond the first are expected as the first is accepted).
-    assert [w == 1 for w in widths[:20]] == [False, False, False, True] * 5, widths[:20]
+    assert widths[:20] == [2, 2, 2, 1] * 5  # the plain step measured first
     assert widths[-32:].count(4) == 29, widths  # then 4, neighbours 1 in 16, plain 1 in 32
     costs = calibrated.calibrator.summary()["costs"]
     assert costs[4] == pytest.approx(TRUE_STEPS[4]) and costs[8] == pytest.approx(TRUE_STEPS[8])
@@ -210,9 +208,7 @@ def test_a_wrong_profile_is_corrected_to_the_right_choice():
 def test_without_calibrate_the_policy_neither_steers_nor_records():
     pol = policy(profile_of(WRONG_STEPS))
     assert pol.calibrator is None
-    widths = run_rounds(pol, 64)  # timed, yet no forced plain rounds, no neighbours: its own
-    # choice every round, 2 until the drafts beyond the first are expected like it, then 8
-    assert set(widths) == {2, 8} and widths == sorted(widths), widths
+    assert set(run_rounds(pol, 64)) == {2}  # timed, yet no forced plain rounds, no neighbours
 
 
 def test_greedy_lossless_with_calibration(quant_prompts, quant_params, quant_reference,

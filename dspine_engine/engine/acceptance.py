@@ -3,8 +3,9 @@ expected to gain from verifying ``k`` drafts.
 
 Per seat, decayed counts of the draft positions verified (tried) and accepted (hit); per
 position the conditional acceptance ``a_j = P(d_j accepted | d_1..d_{j-1} accepted)`` is the
-seat's counts shrunk toward the engine-wide counts (themselves shrunk toward a neutral prior at
-the first position and toward the previous position's estimate after it: global_acceptance),
+seat's counts shrunk toward the engine-wide counts (themselves shrunk toward a neutral prior;
+with ``chain_prior``, only at the first position and toward the previous position's estimate
+after it: global_acceptance),
 and ``E(w) = 1 + sum_k prod_{j<=k} a_j`` is the tokens a round verifying ``w`` commits.
 
 By width: where a w-token round drafts from a w-token block (``draft_block="verified"``, the
@@ -57,7 +58,7 @@ def observation_table(width: int, drafts: int) -> np.ndarray:
 class AcceptanceStats:
     def __init__(self, block: int, widths: list[int], max_seats: int, prior: float,
                  prior_weight: float, global_weight: float, forget: float,
-                 global_forget: float, width_weight: float = 8.0):
+                 global_forget: float, width_weight: float = 8.0, chain_prior: bool = False):
         self.drafts = drafts = block - 1
         self._counts = np.zeros((max_seats + 1, 2, drafts))  # per seat: tried, hit
         self._owner = np.full(max_seats + 1, None, object)  # the seat's sequence
@@ -69,9 +70,11 @@ class AcceptanceStats:
         self._rows = np.zeros((0, 2, drafts))
         self._row_of = np.full(max_seats + 1, -1)  # a seat's row in _rows, -1 if none
         self._global = np.zeros((2, drafts))
-        # The global counts' prior: global_weight positions tried, of them hit: prior at the
-        # first position, the estimate of the position before at every later one.
+        # The global counts' prior: global_weight positions tried, prior of them hit (with
+        # chain_prior: at the first position; the estimate of the position before at the others).
+        self._global_prior = np.array([[global_weight], [global_weight * prior]])
         self._global_weight, self._prior = float(global_weight), float(prior)
+        self.chain_prior = chain_prior
         # What a seat's counts are shrunk with: prior_weight positions tried, that many times
         # the global acceptance hit (stale once the global counts moved).
         self._shrink = np.full((2, drafts), float(prior_weight))
@@ -154,14 +157,21 @@ class AcceptanceStats:
 
     # ----------------------------------------------------------------- estimates
     def global_acceptance(self) -> np.ndarray:
-        """Engine-wide conditional acceptance by position (the prior of every request): the
-        first position's counts shrunk toward the neutral prior, each later position's toward
-        the estimate of the one before it. So a position no round has verified yet (beyond
-        every width the policy used) is expected to be accepted as the deepest verified one
-        is, not at the neutral prior: with a flat prior a policy that began at 8 tokens priced
-        the 16-token round's extra drafts at coin flips and never verified them, while their
-        acceptance was that of the first eight (H200, c = 1: auto 0.90x fixed). (A loop of
-        ``drafts`` floats: cheaper than numpy's calls at this size.)"""
+        """Engine-wide conditional acceptance by position (the prior of every request): each
+        position's counts shrunk toward the neutral prior; with ``chain_prior`` only the first
+        one's, each later position's toward the estimate of the one before it. Chained, a
+        position no round has verified yet (beyond every width the policy used) is expected to
+        be accepted as the deepest verified one is: with whole-block drafting (the GPU) a wider
+        round verifies the same chain further, and with the flat prior a policy that began at 8
+        tokens priced the 16-token round's extra drafts at coin flips and never verified them
+        (H200, c = 1, where every width costs about one round: auto 0.90x fixed). Flat where a
+        w-token round drafts a w-token block (the CPU): a wider round is another block, and
+        several decode steps, and the optimism made every fresh engine pay for wide rounds
+        before it learnt (docs/DECISIONS.md). (The chain is a loop of ``drafts`` floats: cheaper
+        than numpy's calls at this size.)"""
+        if not self.chain_prior:
+            both = self._global + self._global_prior
+            return both[HIT] / both[TRIED]
         weight, estimate, out = self._global_weight, self._prior, []
         for tried, hit in zip(*self._global.tolist()):
             estimate = (hit + weight * estimate) / (tried + weight)

@@ -8,9 +8,9 @@ whole block). `AutoPolicy` (dynamic verification) plans each round from two thin
 - the acceptance expected for each request: per-position conditional acceptance
   ``a_j = P(d_j accepted | d_1..d_{j-1} accepted)``, counted online per request and shrunk
   toward the engine-wide counts (the drafter's global statistics, themselves starting from a
-  neutral prior at the first position and from the previous position's estimate after it, so
-  drafts no round has verified are expected like the deepest verified), with exponential
-  forgetting, so a request that stopped being verified drifts
+  neutral prior; with ``chain_prior``, whole-block drafting's, only the first position and the
+  others from the previous position's estimate, so drafts no round has verified are expected
+  like the deepest verified), with exponential forgetting, so a request that stopped being verified drifts
   back to the global estimate and is tried again; per verify width, the engine-wide acceptance
   of that width's rounds as a factor on it (a w-token round may draft from a w-token block,
   whose proposals depend on w: acceptance.py).
@@ -87,14 +87,15 @@ class AutoPolicy:
                  global_weight: float = 2.0, forget: float = 0.97, global_forget: float = 0.999,
                  explore_interval: int = 8, max_explore_interval: int = 1024,
                  explore_budget: float = 0.02, calibrate: bool = False,
-                 width_weight: float = 8.0, min_gain: float = 1.0):
+                 width_weight: float = 8.0, min_gain: float = 1.0, chain_prior: bool = False):
         if 1 not in widths or any(w > block for w in widths):
             raise ValueError(f"verify widths {widths} must include 1 and not exceed the block "
                              f"of {block}")
         cost.check(widths)
         self.widths = sorted(widths)
         self.stats = AcceptanceStats(block, self.widths, max_seats, prior, prior_weight,
-                                     global_weight, forget, global_forget, width_weight)
+                                     global_weight, forget, global_forget, width_weight,
+                                     chain_prior)
         # One row per width of predicted seconds of a round of m sequences (m = 0..max);
         # _cost[w] is width w's row, _drafted_cost the drafted widths' rows (one array, so a
         # plan scores every width at once).
@@ -244,5 +245,8 @@ def build_policy(config, runner, identity: dict, progress: bool):
     else:
         cost = load_or_measure(runner, widths, config.max_num_seqs, identity, cache_dir(),
                                config.reprofile, progress)
+    # Whole-block drafting: drafts beyond a round's width continue the verified chain, so the
+    # acceptance prior is chained (acceptance.py); a w-token block per round keeps it flat.
     return AutoPolicy(runner.block, widths, cost, runner.cache.max_seats, config.max_num_seqs,
-                      calibrate=config.spec_calibration, min_gain=config.spec_min_gain)
+                      calibrate=config.spec_calibration, min_gain=config.spec_min_gain,
+                      chain_prior=not runner.verified_draft_blocks)
