@@ -57,6 +57,7 @@ from common import (RESULTS, device_kernels, kernel_rows_markdown, markdown_tabl
                     run_info, save_json)
 
 from dspine_engine.engine.cache_manager import CacheManager, PagedKVSpec  # noqa: E402
+from dspine_engine.engine.config import EngineConfig  # noqa: E402
 from dspine_engine.engine.cuda_graphs import graph_sizes  # noqa: E402
 from dspine_engine.engine.engine import EngineStats, resolve_device  # noqa: E402
 from dspine_engine.engine.kv_cache import pages_for  # noqa: E402
@@ -446,7 +447,8 @@ def markdown(result: dict) -> str:
             f"{t['weight_bytes'] / 1e9:.2f} GB; draft: DSpine {d['layers']} layers tapping "
             f"{d['taps']}, block {d['block']}, window {d['window']}, "
             f"{d['weight_bytes'] / 1e9:.2f} GB. Random {result['dtype']} weights; CUDA graphs "
-            f"{'on' if result['cuda_graphs'] else 'off'}; median of {result['iters']}.",
+            f"{'on' if result['cuda_graphs'] else 'off'}; target attention "
+            f"{result.get('attention', 'fast')}; median of {result['iters']}.",
             f"Copy bandwidth {result['ceilings']['copy_GBps']:.0f} GB/s (read + write); floor = "
             f"(target + draft weight bytes) / bandwidth; +KV adds the K/V a round reads. "
             f"Draft / verify: the engine's runner calls (graph replay alone in parentheses).", ""]
@@ -524,6 +526,9 @@ def parse_args(argv):
     p.add_argument("--kernels", action="store_true",
                    help="CUDA: also profile each configuration's round kernel by kernel "
                         "(torch.profiler; launches and us a round, printed after the table)")
+    p.add_argument("--attention", choices=("exact", "fast"), default=EngineConfig.attention,
+                   help="the target's paged attention, as EngineConfig.attention (default: the "
+                        "engine's, %(default)s; before 2026-12-05 this table always ran fast)")
     p.add_argument("--out", default=str(RESULTS), help="directory for step_table_<device>.json")
     args = p.parse_args(argv)
     batches, contexts = DEFAULTS[args.tiny]
@@ -539,6 +544,7 @@ def setup(args, device):
     print("building the models (random weights)", file=sys.stderr, flush=True)
     _, full, tiny = TARGETS[args.target]
     target = build_target(tiny if args.tiny else full, device, dtype)
+    target.exact_attention = args.attention == "exact"  # as Engine sets it
     draft = build_draft(target, TINY_DRAFT if args.tiny else DSPINE_5L)
     max_b, max_ctx = max(args.batches), max(args.contexts)
     cache = cache_manager(target, draft, max_b, max_ctx)
@@ -563,7 +569,8 @@ def main(argv=None) -> int:
     weight_bytes = target_info["weight_bytes"] + draft_info["weight_bytes"]
     result = dict(info, cuda=torch.version.cuda, tiny=args.tiny, dtype=str(runner.target.dtype)
                   .replace("torch.", ""), cuda_graphs=bool(graphs), iters=args.iters,
-                  warmup=args.warmup, ceilings=ceilings, target=target_info, draft=draft_info,
+                  warmup=args.warmup, attention=args.attention, ceilings=ceilings,
+                  target=target_info, draft=draft_info,
                   weight_bytes=weight_bytes, definitions=DEFINITIONS, rows=[], complete=False)
     suffix = "" if args.target == "qwen3-8b" else "_" + args.target.replace(".", "")
     name = f"step_table_{device_slug(device, args.tiny)}{suffix}"
