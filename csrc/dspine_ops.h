@@ -47,9 +47,10 @@ void check_silu_mul_args(const at::Tensor& x);
 void check_rope_write_kv_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& positions, const at::Tensor& cos_sin,
                               const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots);
+// bf16_tables: the caller's kernel also reads bf16 transition tables beside fp32 logits (the CPU).
 void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,
                      const at::Tensor& succ_table, const at::Tensor& anchor, int64_t top_k,
-                     const at::Tensor& temperature, const at::Tensor& uniforms);
+                     const at::Tensor& temperature, const at::Tensor& uniforms, bool bf16_tables = false);
 
 // Gated DeltaNet ops (gated_delta_checks.cpp).
 constexpr int64_t kConvMaxKernelSize = 16;

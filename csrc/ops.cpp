@@ -54,7 +54,7 @@ void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,
 
 void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,
                      const at::Tensor& succ_table, const at::Tensor& anchor, int64_t top_k,
-                     const at::Tensor& temperature, const at::Tensor& uniforms) {
+                     const at::Tensor& temperature, const at::Tensor& uniforms, bool bf16_tables) {
   TORCH_CHECK(logits.dim() == 3, "transition_walk: logits must be [batch, J, vocab]");
   const auto b = logits.size(0), j = logits.size(1), v = logits.size(2);
   TORCH_CHECK(top_k >= 1 && top_k <= v, "transition_walk: top_k must be in [1, vocab]");
@@ -63,9 +63,12 @@ void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Te
     TORCH_CHECK(pred_table.dim() == 2 && pred_table.size(0) == v && pred_table.size(1) == g.size(2) &&
                     succ_table.sizes() == pred_table.sizes(),
                 "transition_walk: tables must be [vocab, rank] matching g");
-    TORCH_CHECK(g.scalar_type() == logits.scalar_type() && pred_table.scalar_type() == logits.scalar_type() &&
-                    succ_table.scalar_type() == logits.scalar_type(),
-                "transition_walk: g and tables must have the logits dtype");
+    const auto table = pred_table.scalar_type();
+    const bool table_ok = table == logits.scalar_type() ||
+                          (bf16_tables && table == at::kBFloat16 && logits.scalar_type() == at::kFloat);
+    TORCH_CHECK(g.scalar_type() == logits.scalar_type() && succ_table.scalar_type() == table && table_ok,
+                "transition_walk: g and tables must have the logits dtype (the CPU also takes bf16 tables "
+                "with fp32 logits)");
   }
   TORCH_CHECK(anchor.numel() == b && anchor.scalar_type() == at::kLong, "transition_walk: anchor must be int64 [batch]");
   TORCH_CHECK(temperature.numel() == b && temperature.scalar_type() == at::kFloat, "transition_walk: temperature must be fp32 [batch]");

@@ -475,6 +475,31 @@ def test_transition_walk(seed, use_transition, j_len, vocab, rank, top_k):
     _same_up_to_boundary(ops.transition_walk, ops.transition_walk_ref, args, 7, _walk_equal)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_transition_walk_with_bf16_tables_beside_fp32_logits(seed):
+    """A quantised CPU draft keeps P and Q in bf16: the walk reads them beside fp32 logits and g
+    and matches the reference computed from the same bf16 tables."""
+    temps = [0.0, 1.0, 0.5]
+    logits, g, pred, succ, *rest = walk_case(len(temps), 15, 1000, 32, 8, DEV, seed, temps)
+    args = (logits, g, pred.bfloat16(), succ.bfloat16(), *rest)
+    assert args[0].dtype == torch.float32
+    _same_up_to_boundary(ops.transition_walk, ops.transition_walk_ref, args, 7, _walk_equal)
+
+
+@pytest.mark.parametrize("logits_dtype,table_dtype", [
+    (torch.float32, torch.float16),  # only bf16 tables beside fp32 logits
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.bfloat16),
+])
+def test_transition_walk_refuses_other_table_dtypes(logits_dtype, table_dtype):
+    logits, g, pred, succ, *rest = walk_case(1, 3, 100, 8, 4, DEV, 0, [0.0])
+    with pytest.raises(RuntimeError, match="tables must have the logits dtype"):
+        ops.transition_walk(logits.to(logits_dtype), g.to(logits_dtype), pred.to(table_dtype),
+                            succ.to(table_dtype), *rest)
+    with pytest.raises(RuntimeError, match="tables must have the logits dtype"):  # P and Q differ
+        ops.transition_walk(logits, g, pred.bfloat16(), succ, *rest)
+
+
 def test_transition_changes_the_walk():
     """The pair term must matter: with strong tables the greedy chain differs from argmax U."""
     args = walk_case(1, 15, 200, 16, 8, DEV, 5, [0.0])

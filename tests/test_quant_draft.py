@@ -8,7 +8,7 @@ import torch
 
 from dspine_engine import Engine
 from dspine_engine.models.dspine import DSpineDraft
-from dspine_engine.models.quant_dense import QuantWeight
+from dspine_engine.models.quant_dense import QuantWeight, table_times
 from engine_rounds import prepared, running_after_rounds
 from random_drafts import write_random_draft
 
@@ -54,6 +54,10 @@ def test_the_draft_runs_on_q4_1_blocks_beside_a_quantised_target(tmp_path):
     head, table = bound.lm_head_dense, eng.target.lm_head
     assert head.format == "q4_1" and table.format == "q8_0" and head is not table
     assert _within_half_a_q4_1_step(head, table.dequantize())
+    # P and Q in bf16 (half their fp32 bytes), the bf16 rounding of the fp32 products.
+    pred = table_times(table, fp32.transition.pred.weight.detach().T)
+    assert bound.transition.pred.dtype == torch.bfloat16 == bound.transition.succ.dtype
+    assert torch.equal(bound.transition.pred, pred.bfloat16())
 
     with running_after_rounds(eng, ["def add(a, b):", "Say hello."], rounds=2) as seqs:
         prepared(eng, seqs)

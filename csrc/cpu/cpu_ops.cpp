@@ -169,7 +169,7 @@ at::Tensor fused_injection(const at::Tensor& h_in, const at::Tensor& gate_in, co
 std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
     const at::Tensor& logits_in, const at::Tensor& g_in, const at::Tensor& pred_in, const at::Tensor& succ_in,
     const at::Tensor& anchor_in, int64_t top_k, const at::Tensor& temp_in, const at::Tensor& u_in) {
-  check_walk_args(logits_in, g_in, pred_in, succ_in, anchor_in, top_k, temp_in, u_in);
+  check_walk_args(logits_in, g_in, pred_in, succ_in, anchor_in, top_k, temp_in, u_in, /*bf16_tables=*/true);
   auto logits = logits_in.contiguous(), g = g_in.contiguous(), pred = pred_in.contiguous(),
        succ = succ_in.contiguous(), anchor = anchor_in.contiguous(), temp = temp_in.contiguous(),
        u = u_in.contiguous();
@@ -179,13 +179,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   auto cand_probs = at::empty({b, j, top_k}, logits.options().dtype(at::kFloat));
   const bool use_t = g.numel() > 0;
   TransitionArgs a{b, j, v, use_t ? g.size(2) : 0, top_k, use_t};
-  DSPINE_DISPATCH_FLOATS(logits.scalar_type(), "transition_walk", [&] {
-    cpu::transition_walk<scalar_t>(logits.data_ptr<scalar_t>(), use_t ? g.data_ptr<scalar_t>() : nullptr,
-                                   use_t ? pred.data_ptr<scalar_t>() : nullptr,
-                                   use_t ? succ.data_ptr<scalar_t>() : nullptr, anchor.data_ptr<int64_t>(),
-                                   temp.data_ptr<float>(), u.data_ptr<float>(), tokens.data_ptr<int64_t>(),
-                                   cand_ids.data_ptr<int64_t>(), cand_probs.data_ptr<float>(), a);
-  });
+  // Tables of the logits' dtype, or bf16 beside fp32 logits (a quantised CPU draft keeps them in
+  // bf16: half the 96 MB of the default drafter's fp32 pair, and the walk reads a few rows).
+  const auto walk = [&](auto table_tag) {
+    using TT = decltype(table_tag);
+    DSPINE_DISPATCH_FLOATS(logits.scalar_type(), "transition_walk", [&] {
+      using TableT = std::conditional_t<std::is_same_v<TT, c10::BFloat16>, c10::BFloat16, scalar_t>;
+      cpu::transition_walk<scalar_t, TableT>(
+          logits.data_ptr<scalar_t>(), use_t ? g.data_ptr<scalar_t>() : nullptr,
+          use_t ? pred.data_ptr<TableT>() : nullptr, use_t ? succ.data_ptr<TableT>() : nullptr,
+          anchor.data_ptr<int64_t>(), temp.data_ptr<float>(), u.data_ptr<float>(), tokens.data_ptr<int64_t>(),
+          cand_ids.data_ptr<int64_t>(), cand_probs.data_ptr<float>(), a);
+    });
+  };
+  if (use_t && pred.scalar_type() == at::kBFloat16 && logits.scalar_type() == at::kFloat)
+    walk(c10::BFloat16{});
+  else
+    walk(0);  // the logits' own dtype
   return {tokens, cand_ids, cand_probs};
 }
 

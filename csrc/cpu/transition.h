@@ -13,9 +13,10 @@ struct TransitionArgs {
   bool use_transition;
 };
 
-// logits [b, J, V]; g [b, J, r]; pred/succ [V, r]; anchor [b]; temperature [b]; uniforms [b, J].
-template <typename T>
-void transition_walk(const T* logits, const T* g, const T* pred, const T* succ,
+// logits [b, J, V]; g [b, J, r]; pred/succ [V, r] (of T, or bf16 beside fp32 logits: TT);
+// anchor [b]; temperature [b]; uniforms [b, J].
+template <typename T, typename TT = T>
+void transition_walk(const T* logits, const T* g, const TT* pred, const TT* succ,
                      const int64_t* anchor, const float* temperature, const float* uniforms,
                      int64_t* tokens, int64_t* cand_ids, float* cand_probs,
                      const TransitionArgs& a) {
@@ -36,9 +37,9 @@ void transition_walk(const T* logits, const T* g, const T* pred, const T* succ,
       for (int64_t c = 0; c < K; ++c) {
         float sc = cand_vals[row * K + c];
         if (a.use_transition) {
-          const T* pa = pred + prev * a.rank;
+          const TT* pa = pred + prev * a.rank;
           const T* gj = g + row * a.rank;
-          const T* qb = succ + ids[c] * a.rank;
+          const TT* qb = succ + ids[c] * a.rank;
           float dot = 0.f;
           for (int64_t r = 0; r < a.rank; ++r) dot += to_f(pa[r]) * to_f(gj[r]) * to_f(qb[r]);
           sc += dot;

@@ -273,10 +273,15 @@ class DSpineDraft(nn.Module):
             transition = None
             if c.transition:
                 tr = self.transition
+                # A quantised CPU draft keeps P and Q in bf16 (the CPU walk reads bf16 tables
+                # beside fp32 logits): they are V x r each (96 MB of fp32 for the default
+                # drafter) and the walk reads K rows of them a step.
+                table_dtype = (torch.bfloat16 if weight_format is not None
+                               and device.type == "cpu" else dtype)
                 transition = TransitionTables(
                     dense(tr.hidden_proj.weight),
-                    table_times(lm_head, tr.pred.weight.to(dtype).T),
-                    table_times(lm_head, tr.succ.weight.to(dtype).T))
+                    table_times(lm_head, tr.pred.weight.to(dtype).T, dtype=table_dtype),
+                    table_times(lm_head, tr.succ.weight.to(dtype).T, dtype=table_dtype))
             mask_row = (self.mask_embedding.to(dtype) if self.mask_embedding is not None
                         else embedding_rows(embed, torch.tensor([c.mask_token_id]))[0])
             self._bound = BoundTables(

@@ -63,14 +63,18 @@ def embedding_rows(table, ids: torch.Tensor) -> torch.Tensor:
     return table.lookup(ids) if isinstance(table, QuantWeight) else F.embedding(ids, table)
 
 
-def table_times(table, weight_t: torch.Tensor, chunk_rows: int = 4096) -> torch.Tensor:
-    """``table [V, H] @ weight_t [H, r]``; a `QuantWeight` is dequantised a chunk at a time so
-    the full fp32 table never exists."""
+def table_times(table, weight_t: torch.Tensor, chunk_rows: int = 4096,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``table [V, H] @ weight_t [H, r]``, in ``dtype`` (default the product's); a `QuantWeight`
+    is dequantised a chunk at a time and each chunk's product converted, so neither the full
+    fp32 table nor the full fp32 product ever exists."""
     if not isinstance(table, QuantWeight):
-        return table @ weight_t
-    parts = [table.dequantize(i, min(i + chunk_rows, table.rows)) @ weight_t
-             for i in range(0, table.rows, chunk_rows)]
-    return torch.cat(parts)
+        return (table @ weight_t).to(dtype or weight_t.dtype)
+    out = torch.empty(table.rows, weight_t.shape[1], dtype=dtype or weight_t.dtype)
+    for i in range(0, table.rows, chunk_rows):
+        j = min(i + chunk_rows, table.rows)
+        out[i:j] = table.dequantize(i, j) @ weight_t
+    return out
 
 
 # ---------------------------------------------------------------------------------- packing
