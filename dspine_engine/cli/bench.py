@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from ..lossless import compare_with_ties, describe
-from .generate import _positive_int, add_attention_argument, add_parallel_argument, format_lengths
+from .generate import (_positive_int, add_attention_argument, add_kv_cache_argument,
+                       add_parallel_argument, format_lengths)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="file name stem of the results")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_parallel_argument(p)
+    add_kv_cache_argument(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +103,8 @@ def cmd_accept(args) -> dict:
     prompts = _prompts(args)
     engine = Engine(args.target, draft=args.draft, device=args.device, dtype=args.dtype,
                     progress=not args.quiet, max_num_seqs=args.batch,
-                    tensor_parallel_size=args.tensor_parallel_size)
+                    tensor_parallel_size=args.tensor_parallel_size,
+                    kv_cache_dtype=args.kv_cache_dtype)
     res = acceptance(engine, prompts, lambda i: SamplingParams(
         max_tokens=args.max_new_tokens, temperature=args.temperature,
         seed=args.seed + i if args.temperature > 0 else None), args.batch, not args.quiet)
@@ -183,7 +186,8 @@ def cmd_e2e(args) -> dict:
                         spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
                         reprofile=args.reprofile and path is not None,
                         spec_calibration=args.spec_calibration, attention=args.attention,
-                        tensor_parallel_size=args.tensor_parallel_size)
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        kv_cache_dtype=args.kv_cache_dtype)
         prompt_ids = [engine.encode_prompt(p) for p in prompts]  # for the tie check of differences
         for c in args.concurrency:
             row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet,
