@@ -110,7 +110,8 @@ def cmd_accept(args) -> dict:
         seed=args.seed + i if args.temperature > 0 else None), args.batch, not args.quiet)
     res.update(draft=str(args.draft), prompts=args.prompts, num_prompts=len(prompts),
                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-               device=str(engine.device), dtype=str(engine.dtype))
+               device=str(engine.device), dtype=str(engine.dtype),
+               kv_cache_dtype=str(engine.kv_dtype))
     name = args.name or f"accept_{Path(str(args.draft)).name}_{Path(args.prompts).stem}_t{args.temperature:g}"
     _write(args.out, name, res)
     plot_acceptance({name: res["acceptance_by_position"]}, Path(args.out) / f"{name}.png")
@@ -224,7 +225,7 @@ def _e2e_result(args, prompts, rows, engine) -> dict:
             "max_new_tokens": args.max_new_tokens, "stop_at_eos": args.stop_at_eos,
             "device": str(engine.device),
             "tensor_parallel_size": engine.config.tensor_parallel_size,
-            "dtype": str(engine.dtype)}
+            "dtype": str(engine.dtype), "kv_cache_dtype": str(engine.kv_dtype)}
 
 
 def _write(out: str, name: str, payload: dict) -> None:

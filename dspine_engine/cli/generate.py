@@ -239,7 +239,8 @@ def _stats_line(final, engine, as_json: bool) -> str:
             "seconds": round(s.elapsed, 3), "tokens_per_second": round(s.tokens_per_second, 2),
             "time_to_first_token": round(s.time_to_first_token, 3),
             "finish_reason": final.finish_reason, "device": str(engine.device),
-            "dtype": "gguf" if engine.quantized else str(engine.dtype).replace("torch.", "")}
+            "dtype": "gguf" if engine.quantized else str(engine.dtype).replace("torch.", ""),
+            "kv_cache_dtype": str(engine.kv_dtype).replace("torch.", "")}
     if engine.draft is not None:
         info.update(rounds=s.rounds, tau=round(s.tau, 3), path=s.path(),
                     spec_policy=engine.config.spec_policy,
