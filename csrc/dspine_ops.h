@@ -28,6 +28,7 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& weight, c10::stri
 }  // namespace cpu
 
 // Argument checks shared by both backends: they turn misuse into a readable Python error.
+void check_cache_dtype(const at::Tensor& x, const at::Tensor& cache, const char* op, const char* x_name);
 void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& kv_lens,
                           const at::Tensor& cu_q, int64_t max_kv_len);

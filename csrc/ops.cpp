@@ -6,6 +6,20 @@
 
 namespace dspine {
 
+// A KV cache holds the activations' dtype, or, on the CPU only, fp16 under fp32 activations:
+// the CPU kernels widen the cache's rows as they read them and round new rows as they write
+// them (the GGUF path's fp16 cache, docs/DECISIONS.md). The CUDA kernels have one element type
+// per call, so a mixed call there is refused here, before any launch, never run wrong.
+void check_cache_dtype(const at::Tensor& x, const at::Tensor& cache, const char* op, const char* x_name) {
+  if (x.scalar_type() == cache.scalar_type()) return;
+  const bool fp16_under_fp32 = x.scalar_type() == at::kFloat && cache.scalar_type() == at::kHalf;
+  TORCH_CHECK(!fp16_under_fp32 || x.is_cpu(), op, ": an fp16 cache under fp32 ", x_name,
+              " runs on the CPU only; on CUDA the cache must have the ", x_name, " dtype (", x.scalar_type(), ")");
+  TORCH_CHECK(fp16_under_fp32, op, ": cache dtype ", cache.scalar_type(), " does not fit ", x_name, " dtype ",
+              x.scalar_type(), " (the cache must have the ", x_name,
+              " dtype, or be fp16 under fp32 ", x_name, " on the CPU)");
+}
+
 void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& kv_lens,
                           const at::Tensor& cu_q, int64_t max_kv_len) {
@@ -16,7 +30,8 @@ void check_attention_args(const at::Tensor& q, const at::Tensor& k_cache, const 
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_attention: caches must be contiguous");
   TORCH_CHECK(k_cache.size(3) == q.size(2), "paged_attention: head_dim of q and cache differ");
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "paged_attention: q heads must be a multiple of kv heads");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "paged_attention: q and cache dtypes differ");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "paged_attention: k and v cache dtypes differ");
+  check_cache_dtype(q, k_cache, "paged_attention", "q");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && kv_lens.scalar_type() == at::kInt &&
                   cu_q.scalar_type() == at::kInt,
               "paged_attention: block_tables, kv_lens and cu_q must be int32");
@@ -108,9 +123,9 @@ void check_write_kv_args(const at::Tensor& k, const at::Tensor& v, const at::Ten
                   k_cache.sizes() == v_cache.sizes(),
               "write_kv: caches must be contiguous [pages, page_size, kv_heads, head_dim]");
   TORCH_CHECK(k_cache.size(2) == k.size(1) && k_cache.size(3) == k.size(2), "write_kv: cache head layout differs from k");
-  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
-              "write_kv: k/v dtype must match the cache");
   TORCH_CHECK(k.scalar_type() == v.scalar_type(), "write_kv: k and v dtypes differ");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "write_kv: k and v cache dtypes differ");
+  check_cache_dtype(k, k_cache, "write_kv", "k/v");
   TORCH_CHECK(slots.scalar_type() == at::kInt && slots.numel() == k.size(0), "write_kv: slots must be int32 [tokens]");
   if (cos_sin.numel() > 0) check_rope_table(positions, cos_sin, k.size(0), k.size(2));
 }

@@ -91,7 +91,9 @@ def write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
     """Writes ``rope(k)`` and ``v`` (``[N, Hkv, D]``) into the pages at ``slots [N]``.
 
     Rows whose slot is negative are skipped (padding). ``cos_sin`` may be an empty tensor: then
-    k is written without rotation (used by models whose keys carry no position)."""
+    k is written without rotation (used by models whose keys carry no position). The caches
+    have k's dtype, or (CPU only) are fp16 under fp32 k/v: each value is then computed in fp32
+    (a key after its rotation) and rounded once to nearest even, as torch's ``.half()``."""
     _ops.write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots)
 
 
@@ -190,7 +192,9 @@ def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len:
     ``exact`` (CUDA; the CPU always is) sums every row the same way whatever the call's other
     rows, so a row verified in a 16-token block is bitwise the row decoded alone: greedy
     speculative output then equals autoregressive output token for token (docs/DECISIONS.md,
-    "Row-exact attention by default"). ``DSPINE_ATTN_EXACT=1`` turns it on for every call."""
+    "Row-exact attention by default"). ``DSPINE_ATTN_EXACT=1`` turns it on for every call.
+    The caches have q's dtype, or (CPU only) are fp16 under fp32 q: their rows are widened to
+    fp32 exactly and the output is fp32 (the GGUF path's fp16 cache); CUDA refuses the mix."""
     return _ops.paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
                                 causal, window, scale, max_kv_len, exact)
 

@@ -50,6 +50,9 @@ def test_generate_reads_stdin_and_raw_mode(tiny_llama):
     (["--tensor-parallel-size", "0"], "must be a positive integer, got '0'"),
     (["--tensor-parallel-size", "3"], "tensor_parallel_size 3 does not divide the target's "
                                       "num_attention_heads (4)"),
+    (["--kv-cache-dtype", "fp8"], "invalid choice: 'fp8'"),
+    (["--kv-cache-dtype", "bfloat16"], "kv_cache_dtype='bfloat16' cannot run with a float32 "
+                                       "model on cpu"),
 ])
 def test_generate_errors_are_clear(tiny_llama, args, message):
     base = ["dspine_engine.cli.generate", "--quiet", "--model", str(tiny_llama)]
@@ -113,6 +116,22 @@ def test_attention_flag_reaches_the_engine_settings(argv, expected):
     assert bench_parser().parse_args(["e2e"] + argv).attention == expected
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--attention", "exactly", "hi"])
+
+
+@pytest.mark.parametrize("argv,expected", [([], "float32"), (["--kv-cache-dtype", "float16"],
+                                                             "float16")])
+def test_kv_cache_dtype_flag_reaches_the_engine(tiny_llama, argv, expected):
+    """On a float32 model auto keeps the cache float32; float16 halves it (the CPU mixes)."""
+    from dspine_engine.cli.bench import build_parser as bench_parser
+
+    out = _run(["dspine_engine.cli.generate", "--model", str(tiny_llama), "--max-new-tokens", "5",
+                "--quiet", "--json-stats"] + argv + ["Hi"])
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stderr.strip().splitlines()[-1])["kv_cache_dtype"] == expected
+    for cmd in ("e2e", "accept"):
+        rest = ["--draft", "x"] if cmd == "accept" else []
+        assert bench_parser().parse_args([cmd] + rest + argv).kv_cache_dtype == (
+            "auto" if not argv else expected)
 
 
 def test_generate_default_drafter_on_the_default_model():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dspine_engine import Engine, EngineConfig, SamplingParams
+from dspine_engine.engine.kv_cache import KVCache, resolve_kv_dtype
 from dspine_engine.engine.sampling import MIN_TEMPERATURE
 from dspine_engine.models.config import ModelConfigError
 from dspine_engine.train.data import prompt_ids
@@ -30,6 +31,9 @@ from random_drafts import write_tiny_random_draft
     (dict(cpu_threads=5000), "cpu_threads must be at most 4096"),
     (dict(attention="exactly"), "attention must be one of exact, fast, got 'exactly'"),
     (dict(attention=True), "attention must be one of"),
+    (dict(kv_cache_dtype="fp16"),
+     "kv_cache_dtype must be one of auto, float16, bfloat16, float32, got 'fp16'"),
+    (dict(kv_cache_dtype=torch.float16), "kv_cache_dtype must be one of"),
 ])
 def test_bad_settings_are_refused_before_loading(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -73,6 +77,51 @@ def test_attention_setting_reaches_the_target(tiny_llama, kw, exact):
     eng = Engine(tiny_llama, progress=False, kv_cache_tokens=512, **kw)
     assert eng.config.attention == ("exact" if exact else "fast")
     assert eng.target.exact_attention is exact
+
+
+@pytest.mark.parametrize("setting,dtype,expected", [
+    ("auto", "float32", torch.float32), ("float32", "float32", torch.float32),
+    ("float16", "float32", torch.float16), ("auto", "bfloat16", torch.bfloat16),
+    ("bfloat16", "bfloat16", torch.bfloat16)])
+def test_kv_cache_dtype_of_a_float_model(tiny_llama, setting, dtype, expected):
+    """auto keeps a float model's cache in its dtype; float16 under float32 is the CPU's mix,
+    and the page budget counts the cache's own bytes."""
+    eng = Engine(tiny_llama, progress=False, dtype=dtype, kv_cache_tokens=512,
+                 kv_cache_dtype=setting)
+    assert eng.kv_dtype == expected
+    assert all(t.dtype == expected for t in eng.target_kv.k + eng.target_kv.v)
+    assert eng.generate(["a"], SamplingParams(max_tokens=3))[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("setting,dtype,match", [
+    ("bfloat16", "float32", "kv_cache_dtype='bfloat16' cannot run with a float32 model on cpu"
+                            r".*use 'auto' or 'float16' or 'float32'"),
+    ("float16", "bfloat16", "kv_cache_dtype='float16' cannot run with a bfloat16 model on cpu"
+                            r".*use 'auto' or 'bfloat16'"),
+    ("float32", "bfloat16", "kv_cache_dtype='float32' cannot run with a bfloat16 model")])
+def test_kv_cache_dtype_the_kernels_cannot_mix_is_refused_at_construction(tiny_llama, setting,
+                                                                          dtype, match):
+    with pytest.raises(ValueError, match=match):
+        Engine(tiny_llama, progress=False, dtype=dtype, kv_cache_dtype=setting)
+
+
+def test_kv_cache_dtype_on_cuda_is_the_model_dtype_unless_asked():
+    """CUDA's kernels take one element type: auto keeps the model's (the default unchanged),
+    and the CPU's mix is refused there (checked without a GPU: the choice is host logic)."""
+    cuda = torch.device("cuda")
+    assert resolve_kv_dtype("auto", torch.bfloat16, cuda, False) == torch.bfloat16
+    assert resolve_kv_dtype("float16", torch.float16, cuda, False) == torch.float16
+    for compute in (torch.float32, torch.bfloat16):
+        with pytest.raises(ValueError, match="kv_cache_dtype='float16' cannot run with a .* on "
+                                             "cuda"):
+            resolve_kv_dtype("float16", compute, cuda, False)
+    assert resolve_kv_dtype("auto", torch.float32, torch.device("cpu"), True) == torch.float16
+
+
+def test_bytes_per_page_follow_the_cache_dtype():
+    fp32 = KVCache.bytes_per_page(30, 16, 3, 64, torch.float32)
+    assert fp32 == 2 * 30 * 16 * 3 * 64 * 4
+    assert KVCache.bytes_per_page(30, 16, 3, 64, torch.float16) * 2 == fp32
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")

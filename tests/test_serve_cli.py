@@ -29,7 +29,7 @@ def test_help_explains_endpoints_and_flags():
     out = _serve("--help")
     assert out.returncode == 0
     for words in ("/v1/chat/completions", "/metrics", "--api-key", "--max-queue",
-                  "127.0.0.1", "--draft"):
+                  "127.0.0.1", "--draft", "--kv-cache-dtype"):
         assert words in out.stdout
 
 

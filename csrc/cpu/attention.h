@@ -8,7 +8,9 @@
 // few tiles for the threads (decode at batch 1), one item per segment. Within a segment keys are
 // visited in chunks at absolute positions; one chunk is a step (attention_step.h: portable, or
 // SIMD over the AVX-512 or AVX2 kernels of attention_avx512.h / attention_avx2.h, chosen at run
-// time by isa.h).
+// time by isa.h). Queries and outputs have one element type, the cache its own: the same, or fp16
+// under fp32 queries (the GGUF path's cache); a chunk's rows are widened to fp32 exactly as it is
+// loaded, with F16C under the SIMD steps.
 //
 // A row's output depends only on the row: not on the query tile, the rows beside it, the thread
 // split, whether its segments ran as separate items, or the chunk loads (attention_step.h says
@@ -82,34 +84,6 @@ struct Scratch {
   }
 };
 
-// Points the chunk's lanes [j0, j1) at their key and value rows of kv head kvh.
-template <typename T>
-void load_chunk(const T* k_cache, const T* v_cache, const int32_t* table, int64_t kvh,
-                const PagedAttentionArgs& a, KeyChunk& c, Scratch& sc) {
-  const int64_t d = a.head_dim, slot_stride = a.kv_heads * d;
-  for (int j = c.j0; j < c.j1; ++j) {
-    const int64_t kp = c.k0 + j;
-    const int64_t slot = static_cast<int64_t>(table[kp / a.page_size]) * a.page_size + kp % a.page_size;
-    const T* ks = k_cache + slot * slot_stride + kvh * d;
-    const T* vs = v_cache + slot * slot_stride + kvh * d;
-    if constexpr (std::is_same<T, float>::value) {
-      sc.krow[j] = ks;
-      sc.vrow[j] = vs;
-    } else {
-      float* kf = sc.kf.data() + j * d;
-      float* vf = sc.vf.data() + j * d;
-      for (int64_t x = 0; x < d; ++x) {
-        kf[x] = to_f(ks[x]);
-        vf[x] = to_f(vs[x]);
-      }
-      sc.krow[j] = kf;
-      sc.vrow[j] = vf;
-    }
-  }
-  c.k = sc.krow;
-  c.v = sc.vrow;
-}
-
 // Query rows per work item: 16 share each chunk load; fewer where that leaves too few items for
 // the threads (a batch-1 verify block is one item per kv head: 3 for 2 threads). Any tile gives
 // every row the same result.
@@ -169,6 +143,52 @@ inline void run_step(StepKind kind, const KeyChunk& c, const Rows& rw, float* kt
   }
 }
 
+// dst[0, d) = a cache row in fp32: an fp16 row widened with F16C under a SIMD step (whose
+// vectors divide d), any other element by element. Exact either way, so a row's result does not
+// depend on which way its keys were widened.
+template <typename C>
+void widen_row(const C* src, int64_t d, StepKind kind, float* dst) {
+  if constexpr (kIsFp16<C>) {
+    const auto* bits = reinterpret_cast<const uint16_t*>(src);
+#if defined(DSPINE_ATTENTION_AVX512)
+    if (kind == StepKind::kAvx512) return widen_fp16(avx512::Avx512{}, bits, d, dst);
+#endif
+#if defined(DSPINE_ATTENTION_AVX2)
+    if (kind == StepKind::kAvx2) return widen_fp16(avx2::Avx2{}, bits, d, dst);
+#endif
+    (void)bits;
+  }
+  (void)kind;
+  for (int64_t x = 0; x < d; ++x) dst[x] = to_f(src[x]);
+}
+
+// Points the chunk's lanes [j0, j1) at their key and value rows of kv head kvh: the cache's own
+// rows when it is fp32, else fp32 copies of them in the scratch.
+template <typename C>
+void load_chunk(const C* k_cache, const C* v_cache, const int32_t* table, int64_t kvh,
+                const PagedAttentionArgs& a, StepKind kind, KeyChunk& c, Scratch& sc) {
+  const int64_t d = a.head_dim, slot_stride = a.kv_heads * d;
+  for (int j = c.j0; j < c.j1; ++j) {
+    const int64_t kp = c.k0 + j;
+    const int64_t slot = static_cast<int64_t>(table[kp / a.page_size]) * a.page_size + kp % a.page_size;
+    const C* ks = k_cache + slot * slot_stride + kvh * d;
+    const C* vs = v_cache + slot * slot_stride + kvh * d;
+    if constexpr (std::is_same<C, float>::value) {
+      sc.krow[j] = ks;
+      sc.vrow[j] = vs;
+    } else {
+      float* kf = sc.kf.data() + j * d;
+      float* vf = sc.vf.data() + j * d;
+      widen_row(ks, d, kind, kf);
+      widen_row(vs, d, kind, vf);
+      sc.krow[j] = kf;
+      sc.vrow[j] = vf;
+    }
+  }
+  c.k = sc.krow;
+  c.v = sc.vrow;
+}
+
 // The keys [lo, hi] the query at position pos sees.
 inline void visible_keys(const PagedAttentionArgs& a, int64_t pos, int64_t kv_len, int64_t* lo,
                          int64_t* hi) {
@@ -197,10 +217,11 @@ inline bool split_segments(int64_t tiles, int64_t work, int threads) {
   return threads > 1 && tiles < 2 * threads && work >= kSplitWork;
 }
 
-template <typename T>
+// T: the queries' and outputs' element type; C: the cache's (T's, or fp16 under fp32 queries).
+template <typename T, typename C>
 class PagedAttention {
  public:
-  PagedAttention(const T* q, const T* k_cache, const T* v_cache, T* out, const int32_t* block_tables,
+  PagedAttention(const T* q, const C* k_cache, const C* v_cache, T* out, const int32_t* block_tables,
                  const int32_t* kv_lens, const int32_t* cu_q, const PagedAttentionArgs& a)
       : q_(q), k_(k_cache), v_(v_cache), out_(out), tables_(block_tables), kv_lens_(kv_lens),
         cu_q_(cu_q), a_(a), group_(a.q_heads / a.kv_heads), d_(a.head_dim),
@@ -314,7 +335,7 @@ class PagedAttention {
     for (int64_t k0 = k_lo / kKeyChunk * kKeyChunk; k0 <= k_hi; k0 += kKeyChunk) {
       KeyChunk c{k0, static_cast<int>(std::max<int64_t>(k_lo - k0, 0)),
                  static_cast<int>(std::min<int64_t>(k_hi - k0 + 1, kKeyChunk)), nullptr, nullptr};
-      load_chunk(k_, v_, table, t.kvh, a_, c, sc);
+      load_chunk(k_, v_, table, t.kvh, a_, kind_, c, sc);
       for (int64_t r = 0; r < n; ++r) sc.mask[r] = lane_mask(sc.lo[r], sc.hi[r], k0);
       run_step(kind_, c, rw, sc.kt.data());
     }
@@ -341,7 +362,8 @@ class PagedAttention {
     }
   }
 
-  const T *q_, *k_, *v_;
+  const T* q_;
+  const C *k_, *v_;
   T* out_;
   const int32_t *tables_, *kv_lens_, *cu_q_;
   const PagedAttentionArgs& a_;
@@ -355,11 +377,12 @@ class PagedAttention {
 
 }  // namespace attn
 
-template <typename T>
-void paged_attention(const T* q, const T* k_cache, const T* v_cache, T* out,
+// T: the queries' and outputs' element type; C: the cache's (T's, or fp16 under fp32 queries).
+template <typename T, typename C>
+void paged_attention(const T* q, const C* k_cache, const C* v_cache, T* out,
                      const int32_t* block_tables, const int32_t* kv_lens, const int32_t* cu_q,
                      const PagedAttentionArgs& a) {
-  attn::PagedAttention<T>(q, k_cache, v_cache, out, block_tables, kv_lens, cu_q, a).run();
+  attn::PagedAttention<T, C>(q, k_cache, v_cache, out, block_tables, kv_lens, cu_q, a).run();
 }
 
 }  // namespace cpu

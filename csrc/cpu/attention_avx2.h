@@ -28,6 +28,13 @@ struct Avx2 {
   static constexpr int kOutputRows = 3;  // 12 accumulators (3 rows x 32 dims)
 };
 
+// dst[0, d) = the fp16 row src widened to fp32 (exact), 8 elements at a time (d is a multiple
+// of 8 wherever these kernels run). F16C: isa.h's AVX2 level requires it.
+__attribute__((target("avx2,fma,f16c"))) inline void widen_fp16(Avx2, const uint16_t* src, int64_t d, float* dst) {
+  for (int64_t x = 0; x < d; x += 8)
+    _mm256_storeu_ps(dst + x, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + x))));
+}
+
 // e^x lane by lane (attention_step.h: kExpTaylor); 2^n built in the exponent bits (n >= -126).
 DSPINE_AVX2_FN inline __m256 exp_avx2(__m256 x) {
   x = _mm256_max_ps(_mm256_set1_ps(kExpFloor), x);  // this order keeps a NaN (max returns operand 2)

@@ -40,6 +40,13 @@ struct Avx512 {
   static constexpr int kOutputRows = 4;  // 16 accumulators (4 rows x 64 dims)
 };
 
+// dst[0, d) = the fp16 row src widened to fp32 (exact), 16 elements at a time (d is a multiple
+// of 16 wherever these kernels run).
+DSPINE_AVX512_FN inline void widen_fp16(Avx512, const uint16_t* src, int64_t d, float* dst) {
+  for (int64_t x = 0; x < d; x += 16)
+    _mm512_storeu_ps(dst + x, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + x))));
+}
+
 // e^x lane by lane (attention_step.h: kExpTaylor).
 DSPINE_AVX512_FN inline __m512 exp_avx512(__m512 x) {
   x = _mm512_max_ps(_mm512_set1_ps(kExpFloor), x);  // this order keeps a NaN (max returns operand 2)

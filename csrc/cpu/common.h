@@ -28,6 +28,12 @@ inline float to_f(T x) { return static_cast<float>(x); }
 template <typename T>
 inline T from_f(float x) { return static_cast<T>(x); }
 
+// Whether T is IEEE binary16 (c10::Half in the torch bindings), told by its numeric_limits so
+// this header needs no torch: the kernels widen rows of it with F16C where the ISA allows.
+template <typename T>
+constexpr bool kIsFp16 = sizeof(T) == 2 && std::numeric_limits<T>::is_specialized &&
+                         std::numeric_limits<T>::is_iec559 && std::numeric_limits<T>::digits == 11;
+
 inline float sigmoidf(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // The kernels' own thread count, apart from torch's intra-op threads (ops.set_cpu_threads,

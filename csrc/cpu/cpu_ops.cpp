@@ -16,6 +16,24 @@ namespace cpu {
 #define DSPINE_DISPATCH_FLOATS(TYPE, NAME, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, TYPE, NAME, __VA_ARGS__)
 
+// Calls f(T{}, C{}) with T the element type of the activations (q, k, v rows) and C the KV
+// cache's: the same type, or fp16 under fp32 (the only mixed pair check_cache_dtype lets by).
+template <typename F>
+void dispatch_kv(at::ScalarType rows, at::ScalarType cache, const char* op, F&& f) {
+  if (rows != cache) {
+    TORCH_CHECK(rows == at::kFloat && cache == at::kHalf, op, ": unsupported dtypes ", rows, " / ", cache);
+    f(float{}, at::Half{});
+    return;
+  }
+  switch (rows) {  // DSPINE_DISPATCH_FLOATS's types (its name must be a literal)
+    case at::kFloat: return f(float{}, float{});
+    case at::kDouble: return f(double{}, double{});
+    case at::kBFloat16: return f(at::BFloat16{}, at::BFloat16{});
+    case at::kHalf: return f(at::Half{}, at::Half{});
+    default: TORCH_CHECK(false, op, ": unsupported dtype ", rows);
+  }
+}
+
 at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps) {
   auto x = x_in.contiguous();
   check_norm_rows(x, weight, "rms_norm");
@@ -81,11 +99,12 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
   const int64_t bad = cpu::first_outside(sp, sl.numel(), std::numeric_limits<int64_t>::min(), capacity);
   TORCH_CHECK(bad == sl.numel(), "write_kv: slot ", sp[bad], " is outside the cache (", capacity, " slots)");
   if (rotate) check_positions_in_table(pos, sp, cos_sin, "write_kv");
-  DSPINE_DISPATCH_FLOATS(k.scalar_type(), "write_kv", [&] {
-    cpu::write_kv<scalar_t>(k.data_ptr<scalar_t>(), k.stride(0), v.data_ptr<scalar_t>(), v.stride(0),
-                            rotate ? pos.data_ptr<int32_t>() : nullptr, rotate ? cos_sin.data_ptr<float>() : nullptr,
-                            k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), sp, k.size(0), k.size(1),
-                            k.size(2));
+  dispatch_kv(k.scalar_type(), k_cache.scalar_type(), "write_kv", [&](auto row, auto cell) {
+    using T = decltype(row);
+    using C = decltype(cell);
+    cpu::write_kv<T, C>(k.data_ptr<T>(), k.stride(0), v.data_ptr<T>(), v.stride(0),
+                        rotate ? pos.data_ptr<int32_t>() : nullptr, rotate ? cos_sin.data_ptr<float>() : nullptr,
+                        k_cache.data_ptr<C>(), v_cache.data_ptr<C>(), sp, k.size(0), k.size(1), k.size(2));
   });
 }
 
@@ -137,9 +156,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
               " pages) but holds keys the sequence's queries see");
   PagedAttentionArgs a{batch, q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), bt.size(1),
                        q.stride(0), causal, window, static_cast<float>(scale)};
-  DSPINE_DISPATCH_FLOATS(q.scalar_type(), "paged_attention", [&] {
-    cpu::paged_attention<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-                                   out.data_ptr<scalar_t>(), bt.data_ptr<int32_t>(), klp, cqp, a);
+  dispatch_kv(q.scalar_type(), k_cache.scalar_type(), "paged_attention", [&](auto row, auto cell) {
+    using T = decltype(row);
+    using C = decltype(cell);
+    cpu::paged_attention<T, C>(q.data_ptr<T>(), k_cache.data_ptr<C>(), v_cache.data_ptr<C>(), out.data_ptr<T>(),
+                               bt.data_ptr<int32_t>(), klp, cqp, a);
   });
   return out;
 }

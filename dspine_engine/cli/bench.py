@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from ..lossless import compare_with_ties, describe
-from .generate import _positive_int, add_attention_argument, add_parallel_argument, format_lengths
+from .generate import (_positive_int, add_attention_argument, add_kv_cache_argument,
+                       add_parallel_argument, format_lengths)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="file name stem of the results")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_parallel_argument(p)
+    add_kv_cache_argument(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,13 +103,15 @@ def cmd_accept(args) -> dict:
     prompts = _prompts(args)
     engine = Engine(args.target, draft=args.draft, device=args.device, dtype=args.dtype,
                     progress=not args.quiet, max_num_seqs=args.batch,
-                    tensor_parallel_size=args.tensor_parallel_size)
+                    tensor_parallel_size=args.tensor_parallel_size,
+                    kv_cache_dtype=args.kv_cache_dtype)
     res = acceptance(engine, prompts, lambda i: SamplingParams(
         max_tokens=args.max_new_tokens, temperature=args.temperature,
         seed=args.seed + i if args.temperature > 0 else None), args.batch, not args.quiet)
     res.update(draft=str(args.draft), prompts=args.prompts, num_prompts=len(prompts),
                temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-               device=str(engine.device), dtype=str(engine.dtype))
+               device=str(engine.device), dtype=str(engine.dtype),
+               kv_cache_dtype=str(engine.kv_dtype))
     name = args.name or f"accept_{Path(str(args.draft)).name}_{Path(args.prompts).stem}_t{args.temperature:g}"
     _write(args.out, name, res)
     plot_acceptance({name: res["acceptance_by_position"]}, Path(args.out) / f"{name}.png")
@@ -183,7 +187,8 @@ def cmd_e2e(args) -> dict:
                         spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
                         reprofile=args.reprofile and path is not None,
                         spec_calibration=args.spec_calibration, attention=args.attention,
-                        tensor_parallel_size=args.tensor_parallel_size)
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        kv_cache_dtype=args.kv_cache_dtype)
         prompt_ids = [engine.encode_prompt(p) for p in prompts]  # for the tie check of differences
         for c in args.concurrency:
             row, toks = throughput(engine, prompts, args.max_new_tokens, c, not args.quiet,
@@ -220,7 +225,7 @@ def _e2e_result(args, prompts, rows, engine) -> dict:
             "max_new_tokens": args.max_new_tokens, "stop_at_eos": args.stop_at_eos,
             "device": str(engine.device),
             "tensor_parallel_size": engine.config.tensor_parallel_size,
-            "dtype": str(engine.dtype)}
+            "dtype": str(engine.dtype), "kv_cache_dtype": str(engine.kv_dtype)}
 
 
 def _write(out: str, name: str, payload: dict) -> None:

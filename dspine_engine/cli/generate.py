@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from ..engine.config import KV_CACHE_DTYPES
+
 DESCRIPTION = """\
 Generate text with a target model, optionally accelerated by a DSpine (or DFlash) draft model
 through lossless speculative decoding. The answer streams to stdout; one line of statistics
@@ -38,6 +40,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                        help="plain autoregressive decoding (the baseline)")
     add_spec_arguments(p)
     add_parallel_argument(p)
+    add_kv_cache_argument(p)
 
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,6 +77,15 @@ def add_attention_argument(p: argparse.ArgumentParser) -> None:
                         "token for token and no output depends on the batch; 'fast' lets the "
                         "kernels split by shape (greedy outputs may then part at near-ties). "
                         "The CPU is exact either way")
+
+
+def add_kv_cache_argument(p: argparse.ArgumentParser) -> None:
+    """--kv-cache-dtype (generate, serve, bench)."""
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="the KV cache's element type: 'auto' (default) is float16 on the CPU "
+                        "GGUF path (the default model: half the cache's bytes and memory of "
+                        "float32) and the model's dtype everywhere else; float32 / bfloat16 / "
+                        "float16 must be the model's dtype, or float16 under float32 on the CPU")
 
 
 def add_parallel_argument(p: argparse.ArgumentParser) -> None:
@@ -199,7 +211,8 @@ def _generate(args) -> int:
         params.validate()
         engine = Engine(args.model, draft=_draft_choice(args), device=args.device,
                         dtype=args.dtype, progress=not args.quiet, max_num_seqs=1,
-                        tensor_parallel_size=args.tensor_parallel_size, **spec_settings(args))
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        kv_cache_dtype=args.kv_cache_dtype, **spec_settings(args))
         final = None
         for out in engine.stream(_request(args, prompt), params, chat=not args.no_chat):
             sys.stdout.write(out.new_text)
@@ -226,7 +239,8 @@ def _stats_line(final, engine, as_json: bool) -> str:
             "seconds": round(s.elapsed, 3), "tokens_per_second": round(s.tokens_per_second, 2),
             "time_to_first_token": round(s.time_to_first_token, 3),
             "finish_reason": final.finish_reason, "device": str(engine.device),
-            "dtype": "gguf" if engine.quantized else str(engine.dtype).replace("torch.", "")}
+            "dtype": "gguf" if engine.quantized else str(engine.dtype).replace("torch.", ""),
+            "kv_cache_dtype": str(engine.kv_dtype).replace("torch.", "")}
     if engine.draft is not None:
         info.update(rounds=s.rounds, tau=round(s.tau, 3), path=s.path(),
                     spec_policy=engine.config.spec_policy,

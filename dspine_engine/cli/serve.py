@@ -121,7 +121,8 @@ def main(argv=None) -> int:
                         dtype=args.dtype, kv_cache_tokens=args.kv_cache_tokens,
                         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                         progress=not args.quiet,
-                        tensor_parallel_size=args.tensor_parallel_size, **spec_settings(args))
+                        tensor_parallel_size=args.tensor_parallel_size,
+                        kv_cache_dtype=args.kv_cache_dtype, **spec_settings(args))
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"dspine-serve: error: {e}", file=sys.stderr)
         return 1

@@ -64,11 +64,11 @@ def _run(spec: dict, rx: Connection, tx: Connection) -> None:
             tokens, meta, rows = unpack_forward(header, receive_forward(header, device))
             model.forward(tokens, meta, kv.k, kv.v, logit_rows=rows)
         elif msg[0] == "setup":
-            max_position, num_pages, page_size, model.exact_attention = msg[1:]
+            max_position, num_pages, page_size, model.exact_attention, kv_dtype = msg[1:]
             model.cover_positions(max_position)
             cfg = model.config
             kv = KVCache(cfg.num_kv_layers, num_pages, page_size, cfg.num_kv_heads,
-                         cfg.head_dim, model.dtype, device)
+                         cfg.head_dim, kv_dtype, device)
             tx.send(("ready",))
         elif msg[0] == "stop":
             group.leave()

@@ -142,10 +142,11 @@ class WorkerGroup:
         return DrivenTarget(shard_target(target, 0, self.world), self)
 
     def setup(self, max_position: int, num_pages: int, page_size: int,
-              exact_attention: bool) -> None:
-        """Tells every worker the engine's reach, KV pool (rank 0's cache manager sized it) and
-        attention mode, then waits until each has loaded its shard and allocated its pages."""
-        self._send(("setup", max_position, num_pages, page_size, exact_attention))
+              exact_attention: bool, kv_dtype: torch.dtype) -> None:
+        """Tells every worker the engine's reach, KV pool (rank 0's cache manager sized it and
+        chose its dtype) and attention mode, then waits until each has loaded its shard and
+        allocated its pages."""
+        self._send(("setup", max_position, num_pages, page_size, exact_attention, kv_dtype))
         self._await("ready", START_TIMEOUT_S)
 
     # ------------------------------------------------------------------ forwards

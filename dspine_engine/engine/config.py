@@ -22,6 +22,7 @@ _POSITIVE_INTS = ("page_size", "max_num_seqs", "max_prefill_tokens", "admission_
 _OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len", "cpu_threads")
 DRAFT_BLOCKS = ("auto", "full", "verified")
 ATTENTION_MODES = ("exact", "fast")
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32")
 
 
 @dataclass
@@ -64,6 +65,12 @@ class EngineConfig:
     # outputs may part at near-ties). The CPU is exact either way. DECISIONS.md, "Row-exact
     # attention by default", gives the measured cost.
     attention: str = "exact"
+    # The KV cache's element type (kv_cache.py, resolve_kv_dtype): "auto" is float16 on the CPU
+    # GGUF path (a long-context decode step reads the cache as much as the weights; fp16 halves
+    # those bytes and the cache's memory, and the kernels widen it to fp32 exactly) and the
+    # model's compute dtype everywhere else. An explicit dtype must be the compute dtype, or
+    # float16 under fp32 on the CPU (what the kernels can mix); Engine refuses any other.
+    kv_cache_dtype: str = "auto"
     # Ranks the target is sharded over (distributed/): 1 = this process alone; N > 1 starts
     # N - 1 worker processes (the layout is checked against the target before they start).
     tensor_parallel_size: int = 1
@@ -114,6 +121,9 @@ class EngineConfig:
         if self.attention not in ATTENTION_MODES:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_MODES)}, got "
                              f"{self.attention!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                             f"{self.kv_cache_dtype!r}")
         if self.spec_policy not in POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(POLICIES)}, got "
                              f"{self.spec_policy!r}")

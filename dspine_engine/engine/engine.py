@@ -34,7 +34,7 @@ from .cuda_graphs import graph_sizes
 from .detokenizer import IncrementalDetokenizer
 from .driver import LoopDriver
 from .handles import RequestHandle
-from .kv_cache import KVCache, KVCacheFullError
+from .kv_cache import KVCache, KVCacheFullError, resolve_kv_dtype
 from .outputs import (GenerationResult, RequestOutput, RequestStats, acceptance_rates,
                       decoding_path)
 from .prompts import prompt_to_ids
@@ -146,7 +146,8 @@ class Engine:
                  num_speculative_tokens=_DEFAULT, spec_cost_profile=_DEFAULT,
                  reprofile=_DEFAULT, spec_calibration=_DEFAULT, spec_min_gain=_DEFAULT,
                  tensor_parallel_size=_DEFAULT, cpu_threads=_DEFAULT,
-                 draft_block=_DEFAULT, attention=_DEFAULT, progress: bool = True,
+                 draft_block=_DEFAULT, attention=_DEFAULT, kv_cache_dtype=_DEFAULT,
+                 progress: bool = True,
                  config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
@@ -176,6 +177,10 @@ class Engine:
         CUDA, so greedy speculative output is the autoregressive output token for token and
         no request's output depends on the batch; "fast" lets the kernels split by shape
         (outputs may then part at near-ties). The CPU is exact either way.
+        ``kv_cache_dtype`` "auto" (default) keeps the KV cache in fp16 on the CPU GGUF path
+        (half the bytes of fp32) and in the model's compute dtype elsewhere; "float16" /
+        "bfloat16" / "float32" ask for one the kernels can run with the model (`Engine.kv_dtype`
+        says which was taken).
         ``tensor_parallel_size`` N > 1 shards the target over N processes (this one and N - 1
         workers it starts; distributed/): the API and the outputs stay those of one process;
         `close()` (or ``with Engine(...)``, or the interpreter's exit) stops the workers.
@@ -194,7 +199,8 @@ class Engine:
             num_speculative_tokens=num_speculative_tokens, spec_cost_profile=spec_cost_profile,
             reprofile=reprofile, spec_calibration=spec_calibration, spec_min_gain=spec_min_gain,
             tensor_parallel_size=tensor_parallel_size,
-            cpu_threads=cpu_threads, draft_block=draft_block, attention=attention).items()
+            cpu_threads=cpu_threads, draft_block=draft_block, attention=attention,
+            kv_cache_dtype=kv_cache_dtype).items()
             if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
@@ -202,6 +208,8 @@ class Engine:
         gguf_path = gguf_source(target, progress)
         self.quantized = use_quantized(dtype, self.device, gguf_path)
         self.dtype = torch.float32 if self.quantized else resolve_dtype(dtype, self.device)
+        self.kv_dtype = resolve_kv_dtype(self.config.kv_cache_dtype, self.dtype, self.device,
+                                         self.quantized)
         target_dir = resolve_model_path(target)
         self.model_dir = Path(target_dir)
         self._workers = self._start_workers(target_dir)
@@ -238,7 +246,7 @@ class Engine:
         self.cache = self._build_cache_manager()
         if self._workers is not None:
             self._workers.setup(c.max_position, self.cache.target.pool.num_pages, c.page_size,
-                                self.target.exact_attention)
+                                self.target.exact_attention, self.kv_dtype)
         self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_prefill_tokens,
                                    c.admission_batch)
         use_graphs = c.cuda_graphs and self.device.type == "cuda" and self._workers is None
@@ -334,7 +342,12 @@ class Engine:
                 "verified_draft_blocks": self.runner.verified_draft_blocks,
                 "tensor_parallel_size": self.config.tensor_parallel_size,
                 "torch": torch.__version__, "build": build_fingerprint(),
-                **self._thread_identity()}
+                **self._kv_identity(), **self._thread_identity()}
+
+    def _kv_identity(self) -> dict:
+        """The KV cache's dtype where it is not the compute dtype (a round reads the cache, so
+        its cost follows it); nothing otherwise, so those profiles keep their key."""
+        return {} if self.kv_dtype == self.dtype else {"kv_cache_dtype": str(self.kv_dtype)}
 
     def _thread_identity(self) -> dict:
         """The CPU's thread counts (a round's cost follows them); nothing on CUDA, whose
@@ -362,7 +375,7 @@ class Engine:
                                 window=c.draft_window)
         kv_tokens = c.kv_cache_tokens or self._default_kv_tokens(c.page_size)
         return CacheManager(target, draft, max(1, kv_tokens // c.page_size), c.page_size,
-                            c.max_num_seqs, c.max_position, c.block_size, self.dtype,
+                            c.max_num_seqs, c.max_position, c.block_size, self.kv_dtype,
                             self.device, recurrent)
 
     def _build_recurrent_cache(self) -> RecurrentCache | None:
@@ -403,11 +416,11 @@ class Engine:
             return 32768
         cfg = self.target.config
         per_page = KVCache.bytes_per_page(cfg.num_kv_layers, page_size, cfg.num_kv_heads,
-                                          cfg.head_dim, self.dtype)
+                                          cfg.head_dim, self.kv_dtype)
         if self.draft is not None:
             d = self.draft.config
             per_page += KVCache.bytes_per_page(d.num_layers, page_size, d.num_kv_heads,
-                                               d.head_dim, self.dtype)
+                                               d.head_dim, self.kv_dtype)
         free, _ = torch.cuda.mem_get_info(self.device)
         return int(free * 0.5 // per_page) * page_size
 

@@ -13,6 +13,28 @@ import math
 import torch
 
 
+def resolve_kv_dtype(setting: str, compute: torch.dtype, device: torch.device,
+                     quantized: bool) -> torch.dtype:
+    """The KV cache's dtype for ``EngineConfig.kv_cache_dtype`` with a model computing in
+    ``compute`` on ``device``: "auto" is fp16 on the CPU GGUF path (``quantized``) and
+    ``compute`` elsewhere. The kernels read and write a cache of the compute dtype, and on the
+    CPU also an fp16 cache under fp32 activations; any other pairing is a ValueError here, at
+    construction, rather than at the first step."""
+    if setting == "auto":
+        return torch.float16 if quantized and device.type == "cpu" else compute
+    dtype = getattr(torch, setting)
+    mixed_ok = device.type == "cpu" and compute == torch.float32 and dtype == torch.float16
+    if dtype == compute or mixed_ok:
+        return dtype
+    name = str(compute).replace("torch.", "")
+    model = "the GGUF model (float32 activations)" if quantized else f"a {name} model"
+    allowed = "'float16' or 'float32'" if compute == torch.float32 and device.type == "cpu" else (
+        f"'{name}'")
+    raise ValueError(f"kv_cache_dtype={setting!r} cannot run with {model} on {device.type}: the "
+                     f"kernels take a cache of the model's compute dtype, or float16 under "
+                     f"float32 on the CPU; use 'auto' or {allowed}")
+
+
 class KVCacheFullError(RuntimeError):
     """A request needs more KV pages than the pool can ever hold."""
 
@@ -60,7 +82,8 @@ class PagePool:
 
 
 class KVCache:
-    """The K and V pages of every layer of one model: ``[num_pages, page_size, kv_heads, dim]``."""
+    """The K and V pages of every layer of one model: ``[num_pages, page_size, kv_heads, dim]``
+    of the cache's dtype (`resolve_kv_dtype`), which ``bytes_per_page`` must be given too."""
 
     def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device):
