@@ -317,8 +317,15 @@ def test_long_block_rows_equal_decoding_them_one_by_one(dtype, n, context, windo
                                                seed=11 + n + window)
     if window > 0:
         bt = free_pages_outside_window(bt, [context + n], [n], 16, window)
+    assert_block_rows_equal_decoding_alone(q, kc, vc, bt, n, context, window)
+
+
+def assert_block_rows_equal_decoding_alone(q, kc, vc, bt, n, context, window):
+    """The causal block of ``n`` queries after ``context`` keys, on 2 threads; each of its rows
+    decoded alone on 1 and on 2 threads: bit for bit the same."""
     torch.set_num_threads(2)
-    block = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, window, 0.125)
+    block = ops.paged_attention(q, kc, vc, bt, torch.tensor([context + n], dtype=torch.int32),
+                                torch.tensor([0, n], dtype=torch.int32), n, True, window, 0.125)
     one = torch.tensor([0, 1], dtype=torch.int32)
     for t in (1, 2):
         torch.set_num_threads(t)

@@ -10,6 +10,7 @@ import torch
 from dspine_engine import ops
 from kernel_cases import attention_case, free_pages_outside_window, poison_unseen_keys, rel_err
 from test_kernels_cpu import (ATTN_ISAS, ATTN_SHAPES, LONG_SHAPES,
+                              assert_block_rows_equal_decoding_alone,
                               assert_sequences_alone_equal_the_batch, long_case)
 
 
@@ -92,17 +93,7 @@ def test_fp16_cache_block_rows_equal_decoding_them_one_by_one(n, context, window
                                                "cpu", seed=17 + n + window)
     if window > 0:
         bt = free_pages_outside_window(bt, [context + n], [n], 16, window)
-    kh, vh = half_caches(kc, vc)
-    torch.set_num_threads(2)
-    block = ops.paged_attention(q, kh, vh, bt, kl, cu, mq, True, window, 0.125)
-    one = torch.tensor([0, 1], dtype=torch.int32)
-    for t in (1, 2):
-        torch.set_num_threads(t)
-        for i in range(n):
-            alone = ops.paged_attention(q[i:i + 1].clone(), kh, vh, bt,
-                                        torch.tensor([context + i + 1], dtype=torch.int32), one,
-                                        1, True, window, 0.125)
-            assert torch.equal(alone[0], block[i]), f"query {i} of {n}, {t} threads"
+    assert_block_rows_equal_decoding_alone(q, *half_caches(kc, vc), bt, n, context, window)
 
 
 @pytest.mark.parametrize("poisoned", ["value", "key"])
