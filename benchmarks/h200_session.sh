@@ -60,6 +60,10 @@
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
 #               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
+#               MEASURE="splits" (not in the default set): kernel_bench.py on the decode and
+#               verify rows of Qwen3-8B and SmolLM2 at 1-8K, batch 1 and 8, the fast plan's
+#               split count against forced ones (--splits 1 2 4 8 16 32) and both exact forms:
+#               is a verify block's time its split floor (issue 12 item 2).            ~2 min
 #               MEASURE="hybrid" (not in the default set): the Qwen3.8-27B-shaped hybrid
 #               step table (ReplaySSM commit, replay vs stored states) + gated_delta.py. ~6 min
 #
@@ -386,6 +390,11 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
     --out $R > $R/logs/step_table_kernels.log 2>&1
   say "step table --kernels rc $? : $(grep -E '^\| (1|8) \|' $R/logs/step_table_kernels.log | cut -c1-120 | tr '\n' ' ')"
   pack;; esac
+  case " $MEASURE " in *" splits "*)  # issue 12 item 2: the split plan's floor against forced counts
+  timeout 240 python3 benchmarks/kernel_bench.py --attention-only --modes decode verify \
+    --shapes Qwen3-8B SmolLM2 --ctxs 1024 4096 8192 --batches 1 8 --splits 1 2 4 8 16 32 --exact \
+    --out $R/splits > $R/logs/kernel_splits.log 2>&1
+  say "kernel splits rc $?"; pack;; esac
   case " $MEASURE " in *" floors "*)  # issue 12 item 3: the walk and the block verify (no attention sweep)
   timeout 120 python3 benchmarks/kernel_bench.py --sampling-only --out $R > $R/logs/kernel_floors.log 2>&1
   say "kernel floors rc $? : $(grep -E '^\| (transition_walk|block_verify) \| greedy' $R/logs/kernel_floors.log | tr '\n' ' ')"

@@ -305,18 +305,19 @@ def sm90_launches() -> int:
 EXACT_FORMS = {"1": "ours_exact_us", "2": "ours_exact_ks_us"}
 
 
-def timed_exact(ours, timer: Timer, form: str) -> float:
-    """Ours in a row-exact form (absolute key segments), what a row computed one way in every
-    call costs against the default kernels."""
-    os.environ["DSPINE_ATTN_EXACT"] = form
+def timed_with_env(ours, timer: Timer, name: str, value: str) -> float:
+    """Ours with the binding's knob ``name`` (read at every call) set to ``value``: a row-exact
+    form (DSPINE_ATTN_EXACT: absolute key segments, what a row computed one way in every call
+    costs against the default kernels) or a forced split count (DSPINE_ATTN_SPLITS)."""
+    os.environ[name] = value
     try:
         return timer(ours)
     finally:
-        del os.environ["DSPINE_ATTN_EXACT"]
+        del os.environ[name]
 
 
 def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict, sm90: str = "auto",
-                    exact: bool = False) -> dict:
+                    exact: bool = False, splits: list[int] | None = None) -> dict:
     row = asdict(cfg)
     row.update(q_len=cfg.q_len, key_len=cfg.key_len, flops=attention_flops(cfg), bytes=attention_bytes(cfg))
     ours = ours_inputs(cfg)
@@ -332,7 +333,10 @@ def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict, sm90: str = "
         set_sm90("auto")
     if exact:
         for form, key in EXACT_FORMS.items():
-            row[key] = timed_exact(ours, timer, form)
+            row[key] = timed_with_env(ours, timer, "DSPINE_ATTN_EXACT", form)
+    if splits:  # the fast plan's split count against forced ones (issue 12: its floor of 8 keys a row)
+        row["ours_forced_splits_us"] = {n: timed_with_env(ours, timer, "DSPINE_ATTN_SPLITS", str(n))
+                                        for n in splits}
     torch.cuda.empty_cache()
     row["sdpa_backend"], row["sdpa_us"] = best_sdpa(cfg, timer)
     row["flex_us"] = None
@@ -457,6 +461,16 @@ def markdown(result: dict) -> str:
             f"| {fmt(r['flex_us'])} | {fmt(r['speedup_vs_best_alt'], '.2f')} | {r.get('ours_path', '-')} "
             f"| {fmt(r.get('ours_mma_us'))} | {fmt(r.get('ours_sm90_us'))} | {fmt(r.get('ours_exact_us'))} "
             f"| {fmt(r.get('ours_exact_ks_us'))} |")
+    forced = [r for r in result["attention"] if r.get("ours_forced_splits_us")]
+    if forced:
+        counts = list(forced[0]["ours_forced_splits_us"])
+        lines += ["", "Ours with the split count forced (DSPINE_ATTN_SPLITS; 'plan' is the heuristic's):", "",
+                  "| shape | mode | ctx | window | batch | plan us | " + " | ".join(f"{n} splits us" for n in counts) + " |",
+                  "|---|---|---|---|---|---|" + "---|" * len(counts)]
+        for r in forced:
+            lines.append(f"| {r['shape']} | {r['mode']} | {r['ctx']} | {r['window'] or '-'} | {r['batch']} "
+                         f"| {fmt(r['ours_us'])} | "
+                         + " | ".join(fmt(r["ours_forced_splits_us"][n]) for n in counts) + " |")
     if "injection" not in result:  # --attention-only
         return "\n".join(lines)
     inj = result["injection"]
@@ -480,6 +494,11 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=None,
                         help="only these attention modes (e.g. decode verify: issue 12's rows)")
     parser.add_argument("--shapes", nargs="+", default=None, help="only these model shapes")
+    parser.add_argument("--ctxs", nargs="+", type=int, default=None, help="only these contexts")
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="only these batch sizes")
+    parser.add_argument("--splits", nargs="+", type=int, default=None,
+                        help="also time ours with each of these split counts forced "
+                             "(DSPINE_ATTN_SPLITS, 1-128) per row")
     parser.add_argument("--attention-only", action="store_true",
                         help="skip the injection, walk and verify rows")
     parser.add_argument("--sampling-only", action="store_true",
@@ -506,12 +525,15 @@ def main(argv=None) -> int:
     result["attention"] = []
     start, cfgs = time.monotonic(), sweep(args.quick)
     cfgs = [c for c in cfgs if (args.modes is None or c.mode in args.modes)
-            and (args.shapes is None or c.shape in args.shapes) and not args.sampling_only]
+            and (args.shapes is None or c.shape in args.shapes)
+            and (args.ctxs is None or c.ctx in args.ctxs)
+            and (args.batches is None or c.batch in args.batches) and not args.sampling_only]
     for cfg in tqdm(cfgs, desc="attention", unit="cfg"):
         if args.max_minutes and time.monotonic() - start > 60 * args.max_minutes:
             result["truncated"] = f"{len(result['attention'])} of {len(cfgs)} configurations"
             break
-        result["attention"].append(bench_attention(cfg, timer, result["ceilings"], args.sm90, args.exact))
+        result["attention"].append(bench_attention(cfg, timer, result["ceilings"], args.sm90, args.exact,
+                                                   args.splits))
     if not args.attention_only:
         result["injection"] = bench_injection(timer)
         result["sampling"] = bench_sampling(timer, result["ceilings"])
