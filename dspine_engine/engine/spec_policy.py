@@ -10,10 +10,10 @@ whole block). `AutoPolicy` (dynamic verification) plans each round from two thin
   toward the engine-wide counts (the drafter's global statistics, themselves starting from a
   neutral prior; with ``chain_prior``, whole-block drafting's, only the first position and the
   others from the previous position's estimate, so drafts no round has verified are expected
-  like the deepest verified), with exponential forgetting, so a request that stopped being verified drifts
-  back to the global estimate and is tried again; per verify width, the engine-wide acceptance
-  of that width's rounds as a factor on it (a w-token round may draft from a w-token block,
-  whose proposals depend on w: acceptance.py).
+  like the deepest verified), with exponential forgetting, so a request that stopped being
+  verified drifts back to the global estimate and is tried again; per verify width, the
+  engine-wide acceptance of that width's rounds as a factor on it (a w-token round may draft
+  from a w-token block, whose proposals depend on w: acceptance.py).
 
 A round verifies ``w`` tokens per sequence (the anchor + ``w - 1`` drafts; ``w = 1`` is a
 plain decode step), ``w`` from a few buckets so CUDA graphs apply. The plan is at most two
