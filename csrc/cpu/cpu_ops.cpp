@@ -16,13 +16,16 @@ namespace cpu {
 #define DSPINE_DISPATCH_FLOATS(TYPE, NAME, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, TYPE, NAME, __VA_ARGS__)
 
-// Calls f(T{}, C{}) with T the element type of the activations (q, k, v rows) and C the KV
-// cache's: the same type, or fp16 under fp32 (the only mixed pair check_cache_dtype lets by).
-template <typename F>
-void dispatch_kv(at::ScalarType rows, at::ScalarType cache, const char* op, F&& f) {
-  if (rows != cache) {
-    TORCH_CHECK(rows == at::kFloat && cache == at::kHalf, op, ": unsupported dtypes ", rows, " / ", cache);
-    f(float{}, at::Half{});
+// Calls f(T{}, U{}) with T the element type of the activations (`rows`) and U that of the
+// tensor read beside them (`other`): the same type, or Mixed under fp32 activations, the one
+// mixed pair the op's check lets by (an fp16 KV cache: check_cache_dtype; bf16 transition tables:
+// check_walk_args).
+template <typename Mixed, typename F>
+void dispatch_pair(at::ScalarType rows, at::ScalarType other, const char* op, F&& f) {
+  if (rows != other) {
+    TORCH_CHECK(rows == at::kFloat && other == c10::CppTypeToScalarType<Mixed>::value, op,
+                ": unsupported dtypes ", rows, " / ", other);
+    f(float{}, Mixed{});
     return;
   }
   switch (rows) {  // DSPINE_DISPATCH_FLOATS's types (its name must be a literal)
@@ -99,7 +102,7 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
   const int64_t bad = cpu::first_outside(sp, sl.numel(), std::numeric_limits<int64_t>::min(), capacity);
   TORCH_CHECK(bad == sl.numel(), "write_kv: slot ", sp[bad], " is outside the cache (", capacity, " slots)");
   if (rotate) check_positions_in_table(pos, sp, cos_sin, "write_kv");
-  dispatch_kv(k.scalar_type(), k_cache.scalar_type(), "write_kv", [&](auto row, auto cell) {
+  dispatch_pair<at::Half>(k.scalar_type(), k_cache.scalar_type(), "write_kv", [&](auto row, auto cell) {
     using T = decltype(row);
     using C = decltype(cell);
     cpu::write_kv<T, C>(k.data_ptr<T>(), k.stride(0), v.data_ptr<T>(), v.stride(0),
@@ -156,7 +159,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
               " pages) but holds keys the sequence's queries see");
   PagedAttentionArgs a{batch, q.size(1), k_cache.size(2), q.size(2), k_cache.size(1), bt.size(1),
                        q.stride(0), causal, window, static_cast<float>(scale)};
-  dispatch_kv(q.scalar_type(), k_cache.scalar_type(), "paged_attention", [&](auto row, auto cell) {
+  dispatch_pair<at::Half>(q.scalar_type(), k_cache.scalar_type(), "paged_attention", [&](auto row, auto cell) {
     using T = decltype(row);
     using C = decltype(cell);
     cpu::paged_attention<T, C>(q.data_ptr<T>(), k_cache.data_ptr<C>(), v_cache.data_ptr<C>(), out.data_ptr<T>(),
@@ -202,21 +205,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   TransitionArgs a{b, j, v, use_t ? g.size(2) : 0, top_k, use_t};
   // Tables of the logits' dtype, or bf16 beside fp32 logits (a quantised CPU draft keeps them in
   // bf16: half the 96 MB of the default drafter's fp32 pair, and the walk reads a few rows).
-  const auto walk = [&](auto table_tag) {
-    using TT = decltype(table_tag);
-    DSPINE_DISPATCH_FLOATS(logits.scalar_type(), "transition_walk", [&] {
-      using TableT = std::conditional_t<std::is_same_v<TT, c10::BFloat16>, c10::BFloat16, scalar_t>;
-      cpu::transition_walk<scalar_t, TableT>(
-          logits.data_ptr<scalar_t>(), use_t ? g.data_ptr<scalar_t>() : nullptr,
-          use_t ? pred.data_ptr<TableT>() : nullptr, use_t ? succ.data_ptr<TableT>() : nullptr,
-          anchor.data_ptr<int64_t>(), temp.data_ptr<float>(), u.data_ptr<float>(), tokens.data_ptr<int64_t>(),
-          cand_ids.data_ptr<int64_t>(), cand_probs.data_ptr<float>(), a);
-    });
-  };
-  if (use_t && pred.scalar_type() == at::kBFloat16 && logits.scalar_type() == at::kFloat)
-    walk(c10::BFloat16{});
-  else
-    walk(0);  // the logits' own dtype
+  const auto tables = use_t ? pred.scalar_type() : logits.scalar_type();
+  dispatch_pair<at::BFloat16>(logits.scalar_type(), tables, "transition_walk", [&](auto row, auto cell) {
+    using T = decltype(row);
+    using TT = decltype(cell);
+    cpu::transition_walk<T, TT>(logits.data_ptr<T>(), use_t ? g.data_ptr<T>() : nullptr,
+                                use_t ? pred.data_ptr<TT>() : nullptr, use_t ? succ.data_ptr<TT>() : nullptr,
+                                anchor.data_ptr<int64_t>(), temp.data_ptr<float>(), u.data_ptr<float>(),
+                                tokens.data_ptr<int64_t>(), cand_ids.data_ptr<int64_t>(),
+                                cand_probs.data_ptr<float>(), a);
+  });
   return {tokens, cand_ids, cand_probs};
 }
 
