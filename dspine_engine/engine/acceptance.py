@@ -72,7 +72,6 @@ class AcceptanceStats:
         self._global = np.zeros((2, drafts))
         # The global counts' prior: global_weight positions tried, prior of them hit (with
         # chain_prior: at the first position; the estimate of the position before at the others).
-        self._global_prior = np.array([[global_weight], [global_weight * prior]])
         self._global_weight, self._prior = float(global_weight), float(prior)
         self.chain_prior = chain_prior
         # What a seat's counts are shrunk with: prior_weight positions tried, that many times
@@ -169,10 +168,10 @@ class AcceptanceStats:
         several decode steps, and the optimism made every fresh engine pay for wide rounds
         before it learnt (docs/DECISIONS.md). (The chain is a loop of ``drafts`` floats: cheaper
         than numpy's calls at this size.)"""
+        weight = self._global_weight
         if not self.chain_prior:
-            both = self._global + self._global_prior
-            return both[HIT] / both[TRIED]
-        weight, estimate, out = self._global_weight, self._prior, []
+            return (self._global[HIT] + weight * self._prior) / (self._global[TRIED] + weight)
+        estimate, out = self._prior, []
         for tried, hit in zip(*self._global.tolist()):
             estimate = (hit + weight * estimate) / (tried + weight)
             out.append(estimate)
