@@ -47,7 +47,8 @@ void check_injection_args(const at::Tensor& h, const at::Tensor& gate_h, const a
 void check_silu_mul_args(const at::Tensor& x);
 void check_rope_write_kv_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& positions, const at::Tensor& cos_sin,
-                              const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots);
+                              const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots,
+                              const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm);
 // bf16_tables: the caller's kernel also reads bf16 transition tables beside fp32 logits (the CPU).
 void check_walk_args(const at::Tensor& logits, const at::Tensor& g, const at::Tensor& pred_table,
                      const at::Tensor& succ_table, const at::Tensor& anchor, int64_t top_k,

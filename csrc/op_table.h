@@ -32,9 +32,11 @@ using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
     "Tensor(b!) v_cache, Tensor slots) -> ()")                                                  \
   X(rope_write_kv, at::Tensor,                                                                   \
     (const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,  \
-     const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots), \
+     const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots, \
+     const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm, double eps), \
     "(Tensor q, Tensor k, Tensor v, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, "     \
-    "Tensor(b!) v_cache, Tensor slots) -> Tensor")                                              \
+    "Tensor(b!) v_cache, Tensor slots, Tensor? q_norm=None, Tensor? k_norm=None, "              \
+    "float eps=0.) -> Tensor")                                                                  \
   X(paged_attention, at::Tensor,                                                                 \
     (const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,                  \
      const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,          \

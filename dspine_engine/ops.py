@@ -97,14 +97,22 @@ def write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
     _ops.write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots)
 
 
-def rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots) -> torch.Tensor:
+def rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm=None,
+                  k_norm=None, eps: float = 0.0) -> torch.Tensor:
     """``rope(q)`` returned and ``write_kv(k, v, ...)`` done, in one CUDA launch instead of two (a
-    target layer's query rotation and KV write; the CPU runs the two ops in turn). ``q [N, Hq,
-    D]`` shares k's tokens, positions and table, which must be given (not empty)."""
-    return _ops.rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
+    target layer's query rotation and KV write; the CPU runs the ops in turn). ``q [N, Hq, D]``
+    shares k's tokens, positions and table, which must be given (not empty). ``q_norm`` /
+    ``k_norm`` (``[D]`` weights, optional): each head row of q / k is first ``rms_norm``-ed with
+    them and ``eps`` (Qwen3's per-head norms), rounded to q's dtype as that op stores it; on CUDA
+    inside the same launch (no norm launches, no copies of the strided q/k views)."""
+    return _ops.rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm,
+                              k_norm, eps)
 
 
-def rope_write_kv_ref(q, k, v, positions, cos_sin, k_cache, v_cache, slots) -> torch.Tensor:
+def rope_write_kv_ref(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm=None,
+                      k_norm=None, eps: float = 0.0) -> torch.Tensor:
+    q = q if q_norm is None else rms_norm_ref(q, q_norm, eps)
+    k = k if k_norm is None else rms_norm_ref(k, k_norm, eps)
     out = rope_ref(q, positions, cos_sin)
     write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots)
     return out
@@ -890,7 +898,7 @@ def _register_fakes() -> None:
         return None
 
     @reg(lib + "rope_write_kv")
-    def _(q, k, v, pos, cs, kc, vc, slots):
+    def _(q, k, v, pos, cs, kc, vc, slots, qn=None, kn=None, eps=0.0):
         return q.new_empty(q.shape)
 
     @reg(lib + "paged_attention")

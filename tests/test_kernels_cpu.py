@@ -87,6 +87,12 @@ def test_rope_write_kv_is_rope_then_write_kv():
     for got, want in ((got_k, ref_k), (got_v, ref_v)):
         assert torch.equal(torch.isnan(got), torch.isnan(want)), "wrote a slot it was not given"
         assert rel_err(got.nan_to_num(), want.nan_to_num()) < 1e-6
+    norms = torch.rand(2, d) + 0.5
+    out = ops.rope_write_kv(q, k, v, pos, cs, got_k, got_v, slots, norms[0], norms[1], 1e-6)
+    ref = ops.rope_write_kv_ref(q, k, v, pos, cs, ref_k, ref_v, slots, norms[0], norms[1], 1e-6)
+    assert rel_err(out, ref) < 1e-6 and rel_err(got_k.nan_to_num(), ref_k.nan_to_num()) < 1e-6
+    with pytest.raises(RuntimeError, match="q_norm and k_norm must be"):
+        ops.rope_write_kv(q, k, v, pos, cs, got_k, got_v, slots, norms[0, :-1])
     with pytest.raises(RuntimeError, match="needs a cos/sin table"):
         ops.rope_write_kv(q, k, v, pos, torch.empty(0), got_k, got_v, slots)
     with pytest.raises(RuntimeError, match="q must be"):

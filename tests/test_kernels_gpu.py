@@ -134,6 +134,39 @@ def test_rope_write_kv(hq, hkv, d, page_size, dtype):
     assert int((~fused_k.cpu().view(-1, hkv, d).isnan().all(-1).all(-1)).sum()) == written.numel()
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("hq,hkv,d,page_size,offset", [
+    (9, 3, 64, 16, 0), (32, 8, 128, 16, 0), (4, 2, 256, 7, 0), (5, 1, 128, 3, 1), (3, 1, 130, 5, 0)])
+def test_rope_write_kv_with_head_norms(hq, hkv, d, page_size, offset, dtype):
+    """Qwen3's q/k norms inside the rotation and KV write: the reference's values (norm, rounded,
+    rotated) on vector rows and on rows the scalar path takes (a view one element off its 16-byte
+    alignment, an odd half of 65), one norm or both; padding rows and slots past the cache are
+    skipped and no other slot touched (their lanes still join the norm's shuffles)."""
+    n, eps = 37, 1e-6
+    pages = 2 * n // page_size + 2
+    cs = ops.rope_cos_sin(d, 4096, 10000.0).to(DEV)
+    flat = torch.randn(n, (hq + 2 * hkv) * d + offset).to(dtype).to(DEV)
+    qkv = flat[:, offset:].view(n, hq + 2 * hkv, d)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    q_norm, k_norm = (torch.rand(d).add(0.5).to(dtype).to(DEV) for _ in range(2))
+    pos = torch.randint(0, 4096, (n,), dtype=torch.int32).to(DEV)
+    slots = torch.randperm(pages * page_size)[:n].to(torch.int32)
+    slots[::5] = -1
+    slots[3] = pages * page_size + 100
+    slots = slots.to(DEV)
+    for qn, kn in ((q_norm, k_norm), (q_norm, None), (None, k_norm)):
+        got_k, got_v = (c.to(DEV) for c in _poisoned_caches(pages, page_size, hkv, d, dtype))
+        ref_k, ref_v = _poisoned_caches(pages, page_size, hkv, d, torch.float32)
+        out = ops.rope_write_kv(q, k, v, pos, cs, got_k, got_v, slots, qn, kn, eps)
+        ref = ops.rope_write_kv_ref(*(t.cpu().float() for t in (q, k, v)), pos.cpu(), cs.cpu(), ref_k, ref_v,
+                                    slots.cpu(), *(None if w is None else w.cpu().float() for w in (qn, kn)), eps)
+        assert not out.isnan().any() and rel_err_fp32(out, ref) < TOL[dtype]
+        for got, want in ((got_k, ref_k), (got_v, ref_v)):
+            got = got.cpu()
+            assert torch.equal(got.isnan(), want.isnan()), "wrote a slot it was not given"
+            assert rel_err_fp32(got.nan_to_num(), want.nan_to_num()) < TOL[dtype]
+
+
 def test_write_kv_skips_slots_outside_cache():
     """The CUDA op cannot reject a bad slot without a host sync: it must skip it, never write."""
     k = torch.randn(3, 2, 64, device=DEV)

@@ -111,14 +111,17 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
   });
 }
 
-// The CPU has no launches to save: the two ops in turn, rope first so that every position is
-// checked against the table before anything is written.
+// The CPU has no launches to save: the ops in turn (the norms, then rope first so that every
+// position is checked against the table before anything is written).
 at::Tensor rope_write_kv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                         const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
-                         const at::Tensor& slots) {
-  check_rope_write_kv_args(q, k, v, positions, cos_sin, k_cache, v_cache, slots);
-  auto out = rope(q, positions, cos_sin);
-  write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots);
+                         const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots,
+                         const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                         double eps) {
+  check_rope_write_kv_args(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm, k_norm);
+  const auto qn = q_norm ? rms_norm(q, *q_norm, eps) : q;
+  const auto kn = k_norm ? rms_norm(k, *k_norm, eps) : k;
+  auto out = rope(qn, positions, cos_sin);
+  write_kv(kn, v, positions, cos_sin, k_cache, v_cache, slots);
   return out;
 }
 

@@ -38,7 +38,8 @@ at::Tensor attention(const Shapes& s, const at::Tensor* w, const std::string* fm
   const auto q = qkv.slice(1, 0, q_size).view({n, s.heads, s.head_dim});
   const auto k = qkv.slice(1, q_size, q_size + kv_size).view({n, s.kv_heads, s.head_dim});
   const auto v = qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size).view({n, s.kv_heads, s.head_dim});
-  const auto rotated = rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots);
+  const auto rotated =
+      rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, std::nullopt, std::nullopt, 0.0);
   const auto attn = paged_attention(rotated, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len, causal,
                                     window, scale, max_kv_len, /*exact=*/false);
   return quant_matmul(attn.view({n, q_size}), w[1], fmt[1], x.size(1));

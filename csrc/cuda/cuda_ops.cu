@@ -83,21 +83,26 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
 }
 
 at::Tensor rope_write_kv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-                         const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
-                         const at::Tensor& slots) {
+                         const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots,
+                         const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
+                         double eps) {
   check_device("rope_write_kv", q, k, v, positions, cos_sin, k_cache, v_cache, slots);
   const c10::cuda::CUDAGuard guard(q.device());
-  check_rope_write_kv_args(q, k, v, positions, cos_sin, k_cache, v_cache, slots);
+  check_rope_write_kv_args(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm, k_norm);
   auto out = at::empty(q.sizes(), q.options());
   auto pos = positions.contiguous(), sl = slots.contiguous();
   const int64_t capacity = k_cache.size(0) * k_cache.size(1);  // slots past it are skipped (write_kv)
   dispatch_float(q.scalar_type(), "rope_write_kv", [&](auto tag) {
     using T = decltype(tag);
-    const gpu::RopeArgs<T> qa{ptr<T>(q), q.stride(0), ptr<T>(out), static_cast<int>(q.size(1))};
-    const gpu::WriteKvArgs<T> kva{ptr<T>(k), k.stride(0), ptr<T>(v), v.stride(0), ptr<T>(k_cache), ptr<T>(v_cache),
-                                  sl.data_ptr<int32_t>(), capacity, static_cast<int>(k.size(1))};
+    const T* qn = q_norm ? ptr<T>(*q_norm) : nullptr;
+    const T* kn = k_norm ? ptr<T>(*k_norm) : nullptr;
+    const gpu::RopeArgs<T> qa{ptr<T>(q), q.stride(0), ptr<T>(out), static_cast<int>(q.size(1)), qn};
+    const gpu::WriteKvArgs<T> kva{ptr<T>(k),       k.stride(0),           ptr<T>(v), v.stride(0),
+                                  ptr<T>(k_cache), ptr<T>(v_cache),       sl.data_ptr<int32_t>(),
+                                  capacity,        static_cast<int>(k.size(1)), kn};
     gpu::launch_rope_write_kv<T>(qa, kva, pos.data_ptr<int32_t>(), cos_sin.data_ptr<float>(),
-                                 static_cast<int>(cos_sin.size(0)), q.size(0), static_cast<int>(q.size(2)), stream());
+                                 static_cast<int>(cos_sin.size(0)), q.size(0), static_cast<int>(q.size(2)), stream(),
+                                 static_cast<float>(eps));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;

@@ -202,10 +202,9 @@ class TargetModel:
         q = qkv[:, :q_size].view(n, cfg.num_heads, cfg.head_dim)
         k = qkv[:, q_size:q_size + kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, q_size + kv_size:q_size + 2 * kv_size].view(n, cfg.num_kv_heads, cfg.head_dim)
-        if layer.q_norm is not None:
-            q = ops.rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
-            k = ops.rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-        q = ops.rope_write_kv(q, k, v, meta.positions, self.cos_sin, k_cache, v_cache, meta.slots)
+        # Qwen3's per-head q/k norms ride on the rotation and KV write (one launch on CUDA).
+        q = ops.rope_write_kv(q, k, v, meta.positions, self.cos_sin, k_cache, v_cache, meta.slots,
+                              layer.q_norm, layer.k_norm, cfg.rms_norm_eps)
         attn = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.kv_lens,
                                    meta.cu_q, meta.max_q_len, meta.causal, layer.window,
                                    self.scale, meta.max_kv_len,
