@@ -691,6 +691,30 @@ def test_transition_walk_ties_go_to_the_lower_id():
     assert (got[0].cpu() == 5).all()
 
 
+@pytest.mark.parametrize("splits", [2, 5, 16])
+@pytest.mark.parametrize("use_transition", [False, True], ids=["u_only", "transition"])
+def test_transition_walk_sliced_rows_equal_unsliced(splits, use_transition, monkeypatch):
+    """Rows whose top-k pass runs in slices (forced with DSPINE_WALK_SPLITS; the heuristic slices
+    only small batches) give the unsliced walk bitwise: the same candidates in the same order, so
+    the same pair scores, tokens and probabilities. The vocabulary leaves an uneven last slice, and
+    tied maxima straddle the slice borders (the lower ids must win across slices)."""
+    batch, j_len, vocab, rank, top_k = 3, 6, 30011, 32, 8
+    args = list(walk_case(batch, j_len, vocab, rank, top_k, "cpu", splits, [0.0, 1.0, 0.5],
+                          dtype=torch.bfloat16, use_transition=use_transition))
+    rows = args[0].view(batch * j_len, vocab)
+    border = -(-vocab // splits)  # about where the first slice ends
+    tied = [4, 7, 8, border - 4, border - 3, border + 5, border + 9, min(2 * border + 1, vocab - 2)]
+    rows[0, tied + [vocab - 1]] = 40.0  # nine tied maxima: the highest id loses
+    dev_args = [a.to(DEV) if torch.is_tensor(a) else a for a in args]
+    monkeypatch.setenv("DSPINE_WALK_SPLITS", "1")
+    want = ops.transition_walk(*dev_args)
+    monkeypatch.setenv("DSPINE_WALK_SPLITS", str(splits))
+    got = ops.transition_walk(*dev_args)
+    assert want[1][0, 0].tolist() == tied
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+
+
 WALK_FLOOR_CASES = [
     # (batch, J, vocab, top_k, dtype): the top-k pass skips what falls below its warp's floor
     (32, 15, 151936, 8, torch.bfloat16),
@@ -700,12 +724,16 @@ WALK_FLOOR_CASES = [
 ]
 
 
+@pytest.mark.parametrize("splits", ["", "7"], ids=["planned", "sliced7"])
 @pytest.mark.parametrize("case", WALK_FLOOR_CASES,
                          ids=[f"b{c[0]}_j{c[1]}_v{c[2]}_k{c[3]}_{str(c[4])[6:]}" for c in WALK_FLOOR_CASES])
-def test_transition_walk_candidates_exact_with_ties_nan_and_inf(case):
+def test_transition_walk_candidates_exact_with_ties_nan_and_inf(case, splits, monkeypatch):
     """The candidates are the reference's exactly (value order, ties to the lower id, NaN never)
     with more tied maxima than top_k spread over the whole row (every warp and lane), NaNs beside
-    large values, and a row of -inf but for a few ids (the rest of its list is tied -inf)."""
+    large values, and a row of -inf but for a few ids (the rest of its list is tied -inf); as
+    planned (small batches run sliced rows) and with every row in 7 slices (their merge sees empty
+    entries of a row of NaN and tied -inf entries from several slices)."""
+    monkeypatch.setenv("DSPINE_WALK_SPLITS", splits)
     batch, j_len, vocab, top_k, dtype = case
     g = torch.Generator().manual_seed(vocab + top_k)
     logits = torch.randn(batch, j_len, vocab, generator=g).to(dtype)

@@ -1,6 +1,9 @@
 // Thin torch bindings of the CUDA kernels (all ops but attention, see cuda_attention.cu): argument
 // checks (the same as the CPU bindings), output/workspace allocation through the caching
 // allocator, launch on the current stream. No host reads of device memory: graph-capturable.
+#include <algorithm>
+#include <cstdlib>
+
 #include "activation.cuh"
 #include "binding.h"
 #include "injection.cuh"
@@ -143,6 +146,14 @@ static bool rows_vectorisable(const at::Tensor& t, int64_t row_len) {
   return gpu::is_aligned16(t.data_ptr()) && (row_len * static_cast<int64_t>(t.element_size())) % 16 == 0;
 }
 
+// DSPINE_WALK_SPLITS=n slices every row of the walk's top-k pass into n (at most 16; a testing
+// and tuning aid: the candidates are the same for every n); 0 or unset keeps the heuristic. Read at
+// every call, as the attention knobs are (cuda_attention.cu).
+static int forced_walk_splits() {
+  const char* env = std::getenv("DSPINE_WALK_SPLITS");
+  return env && *env ? std::max(0, std::atoi(env)) : 0;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
     const at::Tensor& logits_in, const at::Tensor& g_in, const at::Tensor& pred_in, const at::Tensor& succ_in,
     const at::Tensor& anchor_in, int64_t top_k, const at::Tensor& temp_in, const at::Tensor& u_in) {
@@ -184,6 +195,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
   p.rank = use_t ? static_cast<int>(g.size(2)) : 0;
   p.top_k = static_cast<int>(top_k);
   p.vec_ok = rows_vectorisable(logits, v);
+  const int64_t entries = gpu::plan_walk_topk(p, num_sms(), forced_walk_splits());
+  at::Tensor split_vals, split_ids;  // kept alive until the launches are queued
+  if (entries > 0) {
+    split_vals = at::empty({entries}, opts.dtype(at::kFloat));
+    split_ids = at::empty({entries}, opts.dtype(at::kInt));
+    p.split_vals = split_vals.data_ptr<float>();
+    p.split_ids = split_ids.data_ptr<int>();
+  }
   dispatch_float(logits.scalar_type(), "transition_walk", [&](auto tag) {
     using T = decltype(tag);
     TORCH_CHECK(gpu::walk_smem_bytes(p, sizeof(T)) <= static_cast<size_t>(gpu::walk_smem_limit<T>()),

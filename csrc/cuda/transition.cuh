@@ -1,7 +1,8 @@
 // Transition-cache scoring and the chain walk (CUDA): two launches for the whole batch.
 // Semantics: dspine_engine/ops.py:transition_walk.
 //
-// 1. walk_topk_kernel, one CTA per (sequence, position) row of logits: each thread keeps a sorted
+// 1. walk_topk_kernel, one CTA per (sequence, position) row of logits (or per slice of a row, when
+//    the rows alone would leave most SMs idle: see walk_topk_splits): each thread keeps a sorted
 //    register list of the K best of its groups (one pass over V, 16-byte loads, thread t reading
 //    the 8-element groups t, t + 256, ... so that a warp's loads are contiguous), then K rounds of
 //    a block-wide tournament between the list heads give the candidates C_j in order (higher
@@ -19,7 +20,13 @@
 //    inverse-CDF over softmax(s / T)).
 // The pair scores need C_{j-1} and C_j, which come from different CTAs of launch 1; a second
 // launch is the dependency-free way to wait for them while keeping the table gathers parallel.
+// Sliced rows: launch 1 leaves each slice's K best; launch 2 merges a row's slices first (one warp
+// for C_j, which it publishes, one for C_{j-1}, kept in shared memory). The K best of the union are
+// the K best of the slices' K bests under the same strict order (value, then lower id), so the
+// candidates are the unsliced ones exactly, whatever the slice count.
 #pragma once
+
+#include <algorithm>
 
 #include "sampling.cuh"
 
@@ -40,11 +47,39 @@ struct WalkParams {
   float* cand_vals;       // workspace [batch, J, K]: U at the candidates
   float* pair;            // workspace [batch, J, K, K]: s_j(c | a) at [a][c]
   int* arrivals;          // [batch], zero before the launch
+  float* split_vals;      // workspace [batch * J][topk_splits][K] (topk_splits > 1): a slice's K best
+  int* split_ids;         // ... and their ids (INT_MAX: none)
   int batch, positions, vocab, rank, top_k;
+  int topk_splits, split_len;  // slices a row (<= 1: none) and elements a slice (a multiple of kGroup)
   bool vec_ok;
 };
 
 constexpr int kWalkMaxK = 32;
+
+// ---- host: how many slices a row of launch 1 takes --------------------------------------------
+
+constexpr int kWalkMinSplit = kRowThreads * kGroup * 4;  // one batch of 4 loads a thread
+constexpr int kWalkMaxSplits = 16;                       // a merge reads <= 16 x kWalkMaxK entries
+
+// Slices a row: only while the rows leave SMs short of two CTAs each (a c = 1 round: 15 rows on
+// 132 SMs), then about four CTAs an SM, no slice shorter than one batch of loads. More rows keep
+// one CTA a row: the merge and each slice's tournament are pure overhead once the GPU is full.
+inline int walk_topk_splits(int64_t rows, int64_t vocab, int num_sms) {
+  if (rows <= 0 || rows >= 2LL * num_sms) return 1;
+  const int64_t want = ceil_div(4LL * num_sms, rows);
+  const int64_t most = vocab / kWalkMinSplit;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, most, kWalkMaxSplits})));
+}
+
+// Sets p's slicing (p.vocab set; forced > 0 fixes the count, a testing and tuning aid) and
+// returns the workspace entries (floats, and as many ints) it needs.
+inline int64_t plan_walk_topk(WalkParams& p, int num_sms, int forced = 0) {
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.positions;
+  int want = forced > 0 ? std::min(forced, kWalkMaxSplits) : walk_topk_splits(rows, p.vocab, num_sms);
+  p.split_len = static_cast<int>(round_up(ceil_div(p.vocab, want), kGroup));
+  p.topk_splits = static_cast<int>(ceil_div(p.vocab, p.split_len));  // no empty slice
+  return p.topk_splits > 1 ? rows * p.topk_splits * p.top_k : 0;
+}
 
 // The k-th largest (1 <= k <= 32) of the warp's 32 values, in every lane: a bitonic sort over the
 // lanes, descending. Never given NaN (NaN never enters a top list).
@@ -92,22 +127,81 @@ __device__ void thread_top_list(const T* row, int vocab, bool vec_ok, int k, Top
   }
 }
 
+// A candidate as the walk publishes it: INT_MAX (no element: a row of NaN) becomes id 0.
+__device__ __forceinline__ void publish_candidate(const WalkParams& p, int64_t row, int c, float v, int id) {
+  p.cand_ids[row * p.top_k + c] = id < p.vocab ? id : 0;
+  p.cand_vals[row * p.top_k + c] = v;
+}
+
 template <typename T, int MAXK>
 __global__ void __launch_bounds__(kRowThreads) walk_topk_kernel(const WalkParams p) {
   __shared__ float top_v[MAXK];
   __shared__ int top_id[MAXK];
   __shared__ BestScratch best;
-  const int row = blockIdx.x;
-  const T* x = static_cast<const T*>(p.logits) + static_cast<int64_t>(row) * p.vocab;
+  const int splits = p.topk_splits > 1 ? p.topk_splits : 1;
+  const int64_t row = blockIdx.x / splits;
+  const int slice = blockIdx.x % splits;
+  const int begin = slice * p.split_len;  // 0 unsliced (split_len is then >= vocab)
+  const int len = splits == 1 ? p.vocab : p.vocab - begin < p.split_len ? p.vocab - begin : p.split_len;
+  const T* x = static_cast<const T*>(p.logits) + row * p.vocab + begin;  // begin % kGroup == 0
   TopList<MAXK> list;
   list.init();
-  thread_top_list<T, MAXK>(x, p.vocab, p.vec_ok, p.top_k, list);
+  thread_top_list<T, MAXK>(x, len, p.vec_ok, p.top_k, list);  // ids relative to begin
   block_top_k(list, p.top_k, top_v, top_id, best);
-  if (threadIdx.x < p.top_k) {
-    const int id = top_id[threadIdx.x];  // INT_MAX only in rows of NaN: keep indices in range
-    p.cand_ids[static_cast<int64_t>(row) * p.top_k + threadIdx.x] = id < p.vocab ? id : 0;
-    p.cand_vals[static_cast<int64_t>(row) * p.top_k + threadIdx.x] = top_v[threadIdx.x];
+  const int c = threadIdx.x;
+  if (c >= p.top_k) return;
+  const int id = top_id[c] == INT_MAX ? INT_MAX : top_id[c] + begin;
+  if (splits == 1) {
+    publish_candidate(p, row, c, top_v[c], id);
+  } else {
+    const int64_t at = (row * splits + slice) * p.top_k + c;
+    p.split_vals[at] = top_v[c];
+    p.split_ids[at] = id;
   }
+}
+
+// One warp: the K best of row `row`'s slices (launch 1's, sliced) in order, into vals / ids.
+// Lane l holds entries l, l + 32, ... in `ent_v` / `ent_id` (shared, this warp's own); a bit per
+// entry marks the ones taken. Ties between empty entries (-inf, INT_MAX) go to the lower index.
+__device__ inline void merge_slices(const WalkParams& p, int64_t row, float* ent_v, int* ent_id, float* vals,
+                                    int* ids) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int n = p.topk_splits * p.top_k;
+  const int64_t base = row * n;
+  for (int e = lane; e < n; e += kWarpSize) {
+    ent_v[e] = p.split_vals[base + e];
+    ent_id[e] = p.split_ids[base + e];
+  }
+  __syncwarp();
+  uint32_t taken = 0;  // bit m: entry lane + 32 m (n <= kWalkMaxSplits * kWalkMaxK = 512 <= 32 * 32)
+  for (int c = 0; c < p.top_k; ++c) {
+    float v = -INFINITY;
+    int id = INT_MAX, at = INT_MAX;
+    for (int e = lane, m = 0; e < n; e += kWarpSize, ++m) {
+      if (taken >> m & 1u) continue;
+      if (at == INT_MAX || ranks_before(ent_v[e], ent_id[e], v, id)) {
+        v = ent_v[e];
+        id = ent_id[e];
+        at = e;
+      }
+    }
+#pragma unroll
+    for (int o = kWarpSize / 2; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(kFullMask, v, o);
+      const int oi = __shfl_xor_sync(kFullMask, id, o), oa = __shfl_xor_sync(kFullMask, at, o);
+      if (ranks_before(ov, oi, v, id) || (!ranks_before(v, id, ov, oi) && oa < at)) {
+        v = ov;
+        id = oi;
+        at = oa;
+      }
+    }
+    if (at != INT_MAX && at % kWarpSize == lane) taken |= 1u << (at / kWarpSize);
+    if (lane == 0) {
+      vals[c] = v;
+      ids[c] = id;
+    }
+  }
+  __syncwarp();
 }
 
 // Shared memory of launch 2: the staged table rows, later reused by the walk.
@@ -119,9 +213,10 @@ inline size_t walk_chain_bytes(int positions, int top_k) {
   return (jk * top_k + jk + positions + top_k) * sizeof(float);
 }
 
-// Row (b, j): pair[a][c] = U_j(c) + sum_r (P[a_id, r] g_j[r]) Q[c_id, r].
+// Row (b, j): pair[a][c] = U_j(c) + sum_r (P[a_id, r] g_j[r]) Q[c_id, r]. prev: C_{j-1}'s ids
+// (unused for j = 0).
 template <typename T>
-__device__ void pair_scores_of_row(const WalkParams& p, int b, int j, unsigned char* smem) {
+__device__ void pair_scores_of_row(const WalkParams& p, int b, int j, unsigned char* smem, const int64_t* prev) {
   const int K = p.top_k, r = p.rank;
   const int64_t row = static_cast<int64_t>(b) * p.positions + j;
   const float* vals = p.cand_vals + row * K;
@@ -136,7 +231,7 @@ __device__ void pair_scores_of_row(const WalkParams& p, int b, int j, unsigned c
   for (int i = threadIdx.x; i < n_prev + K; i += blockDim.x) {
     const int64_t id = i >= n_prev ? p.cand_ids[row * K + i - n_prev]
                        : j == 0    ? p.anchor[b]
-                                   : p.cand_ids[(row - 1) * K + i];
+                                   : prev[i];
     ids[i] = id >= 0 && id < p.vocab ? static_cast<int>(id) : -1;
   }
   __syncthreads();
@@ -225,11 +320,38 @@ __device__ inline void walk_sequence(const WalkParams& p, int b, unsigned char* 
   if (threadIdx.x == 0) walk_chain(p, b, ids, pair, u, p.temperature[b], q);
 }
 
+// Sliced rows: warp 0 merges row (b, j)'s slices and publishes C_j (this CTA's pair scores, and the
+// walk, read it from global memory); warp 1 merges row (b, j - 1)'s into `prev` (its own CTA
+// publishes it, in no particular order with this one).
+__device__ inline void merge_rows(const WalkParams& p, int b, int j, int64_t* prev) {
+  __shared__ float ent_v[2][kWalkMaxSplits * kWalkMaxK];
+  __shared__ int ent_id[2][kWalkMaxSplits * kWalkMaxK];
+  __shared__ float top_v[2][kWalkMaxK];
+  __shared__ int top_id[2][kWalkMaxK];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t row = static_cast<int64_t>(b) * p.positions + j;
+  if (warp == 0 || (warp == 1 && j > 0)) {
+    merge_slices(p, row - warp, ent_v[warp], ent_id[warp], top_v[warp], top_id[warp]);
+    for (int c = lane; c < p.top_k; c += kWarpSize) {
+      if (warp == 0) publish_candidate(p, row, c, top_v[0][c], top_id[0][c]);
+      else prev[c] = top_id[1][c] < p.vocab ? top_id[1][c] : 0;
+    }
+  }
+  __syncthreads();
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads) walk_pairs_kernel(const WalkParams p) {
   extern __shared__ __align__(16) unsigned char walk_smem[];
+  __shared__ int64_t merged_prev[kWalkMaxK];
   const int b = blockIdx.x / p.positions, j = blockIdx.x % p.positions;
-  pair_scores_of_row<T>(p, b, j, walk_smem);
+  const int64_t row = static_cast<int64_t>(b) * p.positions + j;
+  const int64_t* prev = j > 0 ? p.cand_ids + (row - 1) * p.top_k : nullptr;
+  if (p.topk_splits > 1) {
+    merge_rows(p, b, j, merged_prev);
+    prev = merged_prev;
+  }
+  pair_scores_of_row<T>(p, b, j, walk_smem, prev);
   if (!arrive_last(&p.arrivals[b], p.positions)) return;
   walk_sequence(p, b, walk_smem);
 }
@@ -242,7 +364,8 @@ inline size_t walk_smem_bytes(const WalkParams& p, size_t elem) {
 
 template <typename T, int MAXK>
 void launch_walk_topk(const WalkParams& p, cudaStream_t stream) {
-  walk_topk_kernel<T, MAXK><<<static_cast<unsigned>(p.batch * p.positions), kRowThreads, 0, stream>>>(p);
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.positions * (p.topk_splits > 1 ? p.topk_splits : 1);
+  walk_topk_kernel<T, MAXK><<<static_cast<unsigned>(ctas), kRowThreads, 0, stream>>>(p);
 }
 
 // Dynamic shared memory the pair/walk kernel may use on this device (static part excluded).
@@ -251,7 +374,8 @@ int walk_smem_limit() {
   return allow_max_dynamic_smem<walk_pairs_kernel<T>>();
 }
 
-// Requires 1 <= top_k <= kWalkMaxK and walk_smem_bytes() <= walk_smem_limit<T>().
+// Requires 1 <= top_k <= kWalkMaxK and walk_smem_bytes() <= walk_smem_limit<T>(); sliced rows
+// (plan_walk_topk) their split_vals / split_ids workspace.
 template <typename T>
 void launch_transition_walk(const WalkParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.positions == 0) return;
