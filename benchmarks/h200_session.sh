@@ -57,6 +57,10 @@
 #               round's device time by phase (CUDA events) and by kernel (torch.profiler),
 #               AR step and drafted rounds at w=4 and 16; then step_table.py --kernels: the
 #               Qwen3-8B-shaped round at batch 1 and 8, 1K, by kernel (issue 12 item 4). ~4 min
+#               MEASURE="segments" (not in the default set): the row-exact attention at 256-key
+#               segments (the default) and at 128 (DSPINE_ATTN_EXACT_SEGMENT): kernel_bench.py
+#               --exact rows, the Qwen3-8B step table at 1K/8K, then e2e on the default model
+#               at c = 8, 1, alternated twice: which size the default should be.     ~8 min
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
 #               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
@@ -358,7 +362,7 @@ if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR .
   timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$drafter $also \
     --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
   say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack;; esac
-  case " $MEASURE " in *" e2e "*|*" policytrace "*|*" exactab "*)  # the end-to-end prompts: 40 MT-Bench + 40 HumanEval
+  case " $MEASURE " in *" e2e "*|*" policytrace "*|*" exactab "*|*" segments "*)  # the end-to-end prompts: 40 MT-Bench + 40 HumanEval
   python3 -c "
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
 ps = mtbench_prompts()[:40] + humaneval_prompts()[:40]
@@ -381,6 +385,24 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
       --concurrency 64 8 1 --attention $att --out $R --name exactab_${form}_$rep --quiet \
       > $R/logs/exactab_${form}_$rep.log 2>&1
     say "exactab $form $rep rc $?: $(grep -E 'c=' $R/logs/exactab_${form}_$rep.log | cut -c1-40 | tr '\n' ';')"
+  done; done; pack;; esac
+  case " $MEASURE " in *" segments "*)  # issue 12: the row-exact mode's segment size, 256 (default) vs 128
+  for seg in 256 128; do
+    DSPINE_ATTN_EXACT_SEGMENT=$seg timeout 120 python3 benchmarks/kernel_bench.py --attention-only \
+      --modes decode verify --shapes Qwen3-8B SmolLM2 --ctxs 1024 4096 32768 --batches 1 8 32 --exact \
+      --out $R/segments_$seg > $R/logs/kernel_segments_$seg.log 2>&1
+    say "kernel bench segment $seg rc $?"
+    DSPINE_ATTN_EXACT_SEGMENT=$seg timeout 150 python3 benchmarks/step_table.py --batches 1 8 \
+      --contexts 1024 8192 --iters 10 --out $R/segments_$seg > $R/logs/step_table_segments_$seg.log 2>&1
+    say "step table segment $seg rc $? : $(grep -E '^\| (1|8) \|' $R/logs/step_table_segments_$seg.log | cut -c1-100 | tr '\n' ' ')"
+  done
+  # End to end on the default model at c = 8 and 1 (fixed policy), the two sizes alternated, twice.
+  for rep in 1 2; do for seg in 256 128; do
+    DSPINE_ATTN_EXACT_SEGMENT=$seg timeout 70 python3 -m dspine_engine.cli.bench e2e \
+      --prompts $S/e2e_prompts.jsonl --max-new-tokens 256 --draft dspine=$drafter --spec-policy fixed \
+      --stop-at-eos --concurrency 8 1 --out $R --name segments_${seg}_$rep --quiet \
+      > $R/logs/segments_e2e_${seg}_$rep.log 2>&1
+    say "e2e segment $seg $rep rc $?: $(grep -E 'c=' $R/logs/segments_e2e_${seg}_$rep.log | cut -c1-40 | tr '\n' ';')"
   done; done; pack;; esac
   case " $MEASURE " in *" roundkernels "*)  # issue 12 item 4: a round's device time by phase and by kernel
   timeout 150 python3 benchmarks/round_kernels.py --widths 4 16 --out $R > $R/logs/round_kernels.log 2>&1

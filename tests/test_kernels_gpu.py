@@ -327,7 +327,33 @@ def test_exact_mode_verify_rows_are_the_decoded_rows(n, context, window, hq, hkv
     (benchmarks/gpu_row_exactness.py: 0% of rows)."""
     if via != "argument":
         monkeypatch.setenv("DSPINE_ATTN_EXACT", "2" if via == "env_key_split" else "1")
-    attention = functools.partial(ops.paged_attention, exact=via == "argument")
+    _assert_block_rows_are_decoded_rows(n, context, window, hq, hkv, d, dtype, via == "argument")
+
+
+@pytest.mark.parametrize("segment", ["64", "128", "1024"])
+@pytest.mark.parametrize("n,context,window,hq,hkv,d", EXACT_ROWS)
+def test_exact_mode_rows_at_other_segment_sizes(n, context, window, hq, hkv, d, segment, monkeypatch):
+    """DSPINE_ATTN_EXACT_SEGMENT changes where the exact mode cuts a row's keys, never that a
+    verify row is the decoded row (bitwise, as above)."""
+    monkeypatch.setenv("DSPINE_ATTN_EXACT_SEGMENT", segment)
+    _assert_block_rows_are_decoded_rows(n, context, window, hq, hkv, d, torch.bfloat16, True)
+
+
+def test_exact_segment_size_reaches_the_reference_and_refuses_odd_sizes(monkeypatch):
+    """64-key segments over a 16K context (up to 256 of them, the combine's most) match the reference;
+    a size that is no power of two in 64..1024 is refused with the knob's name."""
+    monkeypatch.setenv("DSPINE_ATTN_EXACT", "1")
+    monkeypatch.setenv("DSPINE_ATTN_EXACT_SEGMENT", "64")
+    case = next(c for c in ATTN_CASES if c[0] == "decode_gqa4_16k_split")
+    got, ref = _run_attention(case, torch.bfloat16, seed=11)
+    assert rel_err_fp32(got, ref) < TOL[torch.bfloat16]
+    monkeypatch.setenv("DSPINE_ATTN_EXACT_SEGMENT", "96")
+    with pytest.raises(RuntimeError, match="DSPINE_ATTN_EXACT_SEGMENT"):
+        _run_attention(case, torch.bfloat16, seed=11)
+
+
+def _assert_block_rows_are_decoded_rows(n, context, window, hq, hkv, d, dtype, exact_arg):
+    attention = functools.partial(ops.paged_attention, exact=exact_arg)
     other = context // 2 + 3
     (q, kc, vc, bt, kl, cu, mq), _ = attention_inputs([n, 1], [context + n, other], hq, hkv, d, 16,
                                                       dtype, DEV, 90 + n + window + d, window=window)

@@ -455,7 +455,7 @@ __device__ __forceinline__ void store_rows(const PagedAttentionParams& p, const 
 template <typename T, int D>
 __device__ __forceinline__ void combine_row(const PagedAttentionParams& p, int64_t row_index) {
   constexpr int kPerLane = D / kWarpSize;
-  constexpr int kSplitRegs = kMaxSplits / kWarpSize;  // split s: lane s % 32, register s / 32
+  constexpr int kSplitRegs = kMaxCombineSplits / kWarpSize;  // split s: lane s % 32, register s / 32
   constexpr int kUnroll = D >= 256 ? 4 : 8;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.q_heads;
@@ -481,7 +481,7 @@ __device__ __forceinline__ void combine_row(const PagedAttentionParams& p, int64
   // planned for its largest context, so most splits of a short one are empty, and reading them
   // all cost the combine a memory round trip per kUnroll of them. The same weights are added in
   // the same order: the result is bitwise the full loop's.
-  int lo = kMaxSplits, hi = -1;
+  int lo = kMaxCombineSplits, hi = -1;
 #pragma unroll
   for (int j = 0; j < kSplitRegs; ++j) {
     const unsigned used = __ballot_sync(kFullMask, weight[j] != 0.f);
@@ -754,7 +754,7 @@ int mma_ctas_per_sm() {
 // verify row the row tiles, each with a split count planned from the whole call, so the same row
 // is summed in different orders (benchmarks/gpu_row_exactness.py: 0% of verify rows equal the
 // decoded row on the H200). Here every call runs the row tiles, and blocks of up to
-// kExactSegmentMaxQ tokens (decode, verify) are split at the absolute kExactSegmentKeys-key
+// kExactSegmentMaxQ tokens (decode, verify) are split at the absolute segment_keys-key
 // segments of the context (as many as the call's bound on the context needs; each starts a fresh
 // online softmax, and the combine folds them in order, skipping the empty ones exactly), so a
 // generated row is computed one way whatever else the call holds: a verify row is bitwise the
@@ -766,8 +766,12 @@ int mma_ctas_per_sm() {
 // (scheduler.py: no chunk of a prompt starts past its first token), so a prompt of <= 16 tokens
 // has <= 16 keys, one segment, whose fold is the unsplit result exactly (weight 2^0 = 1, its own
 // sum; DECISIONS "What lossless means on a GPU"). Returns false, leaving p to the planner,
-// where a block's bound needs more than kMaxSplits segments (contexts past 32K keys), and off the
-// tensor cores (the CUDA-core kernel walks a row's keys in order in one warp: row-exact already).
+// where a block's bound needs more than kMaxCombineSplits segments (contexts past 64K keys at the
+// default 256 keys a segment), and off the tensor cores (the CUDA-core kernel walks a row's keys
+// in order in one warp: row-exact already). segment_keys (a power of two from 64 to 1024;
+// DSPINE_ATTN_EXACT_SEGMENT, a measurement) trades a short context's latency (more CTAs of fewer
+// tiles each) against the partials' traffic (a 64-row tile writes and reads back ~33 KB a
+// segment beside 128 KB of K/V at 256 keys); every row of a process must use one value.
 // key_split (DSPINE_ATTN_EXACT=2, a measurement): the blocks of up to kExactSegmentMaxQ tokens run
 // the key-split variant instead, 16 rows a CTA, so a decode keeps the four warps the row tiles
 // leave idle (3-4 real rows of an mma's 16) while a verify block of 48-64 rows reads each K/V
@@ -778,8 +782,13 @@ int mma_ctas_per_sm() {
 constexpr int kExactSegmentKeys = 256;
 constexpr int kExactSegmentMaxQ = 16;
 
+inline bool valid_exact_segment_keys(int keys) {
+  return keys >= 64 && keys <= 1024 && (keys & (keys - 1)) == 0;  // whole tiles of every variant
+}
+
 template <typename T>
-bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len, bool key_split = false) {
+bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len, bool key_split = false,
+                         int segment_keys = kExactSegmentKeys) {
   if constexpr (std::is_same<T, float>::value) {
     return false;
   } else {
@@ -793,12 +802,12 @@ bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len, bool key_s
       return true;
     }
     const int64_t bound = max_kv_len > 0 ? max_kv_len : static_cast<int64_t>(p.max_pages) * p.page_size;
-    const int64_t segments = (bound + kExactSegmentKeys - 1) / kExactSegmentKeys;
-    if (segments > kMaxSplits) return false;
+    const int64_t segments = (bound + segment_keys - 1) / segment_keys;
+    if (segments > kMaxCombineSplits) return false;
     p.row_tiles_only = !key_split;  // before visit_mma_tile: these two pick the variant
     p.key_split_any_rows = key_split;
     p.num_splits = segments > 1 ? static_cast<int>(segments) : 1;
-    visit_mma_tile<T>(p, [&](auto tile) { p.segment_tiles = kExactSegmentKeys / decltype(tile)::kBlockN; });
+    visit_mma_tile<T>(p, [&](auto tile) { p.segment_tiles = segment_keys / decltype(tile)::kBlockN; });
     return true;
   }
 }

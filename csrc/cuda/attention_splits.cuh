@@ -24,6 +24,10 @@ struct SplitInputs {
 
 // The most splits worth launching.
 constexpr int kMaxSplits = 128;
+// The most splits one output row's combine folds (combine_row): the planner's count, or the
+// row-exact mode's absolute segments (attention.cuh, plan_exact_segments), whose count follows
+// the context (256 reach 32K keys at 128 keys a segment).
+constexpr int kMaxCombineSplits = 256;
 
 // Why these numbers:
 // - Split only while the unsplit grid leaves SMs idle (work < slots): past one full wave the

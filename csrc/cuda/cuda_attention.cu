@@ -44,6 +44,16 @@ static bool row_tiles_only() { return env_int("DSPINE_ATTN_KEY_SPLIT", 1) == 0; 
 // trades). Either overrides DSPINE_ATTN_SPLITS and the sm90 path (which never splits).
 static int exact_env() { return env_int("DSPINE_ATTN_EXACT", 0); }
 
+// DSPINE_ATTN_EXACT_SEGMENT=n: keys a row-exact segment holds (a power of two, 64..1024; default
+// 256), a measurement of the mode's latency against its partials' traffic (plan_exact_segments).
+// Rows stay exact against each other only while every call of the process uses one value.
+static int exact_segment_keys() {
+  const int keys = env_int("DSPINE_ATTN_EXACT_SEGMENT", gpu::kExactSegmentKeys);
+  TORCH_CHECK(gpu::valid_exact_segment_keys(keys),
+              "DSPINE_ATTN_EXACT_SEGMENT must be a power of two from 64 to 1024, got ", keys);
+  return keys;
+}
+
 // Launches the Hopper wgmma kernel where the dispatch (attention_heuristics.h) picks it for p;
 // false where the mma.sync or CUDA-core kernels run p instead.
 template <typename T>
@@ -115,7 +125,7 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);
     if (!exact && launched_sm90<T>(p)) return;
-    if (!(exact && gpu::plan_exact_segments<T>(p, max_kv_len, exact_mode == 2)))
+    if (!(exact && gpu::plan_exact_segments<T>(p, max_kv_len, exact_mode == 2, exact_segment_keys())))
       gpu::plan_attention_splits<T>(p, num_sms(), max_kv_len, forced_splits());
     if (p.num_splits > 1) {
       workspace = at::empty({gpu::attention_workspace_floats(p)}, q.options().dtype(at::kFloat));
