@@ -61,6 +61,9 @@
 #               segments (the default) and at 128 (DSPINE_ATTN_EXACT_SEGMENT): kernel_bench.py
 #               --exact rows, the Qwen3-8B step table at 1K/8K, then e2e on the default model
 #               at c = 8, 1, alternated twice: which size the default should be.     ~8 min
+#               MEASURE="ncu" (not in the default set): ncu --set full on the walk's kernels at
+#               c = 1 (V = 49152 and 151936) and the Qwen3-8B 1K verify attention
+#               (benchmarks/ncu_cases.py; NCU_CASES="case=kernel-regex ..." picks others). ~3 min
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
 #               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
@@ -404,6 +407,16 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
       > $R/logs/segments_e2e_${seg}_$rep.log 2>&1
     say "e2e segment $seg $rep rc $?: $(grep -E 'c=' $R/logs/segments_e2e_${seg}_$rep.log | cut -c1-40 | tr '\n' ';')"
   done; done; pack;; esac
+  case " $MEASURE " in *" ncu "*)  # issue 12: why the latency-bound kernels take what they take
+  # NCU_CASES="case=kernel-regex ...": benchmarks/ncu_cases.py cases, 2 launches each profiled in
+  # full; the details page comes back as CSV (the .ncu-rep stays: it is large).
+  for spec in ${NCU_CASES:-walk_b1_v49152=walk_ walk_b1_v151936=walk_ verify_qwen3_1k_b1=paged_attention_mma}; do
+    c=${spec%%=*} k=${spec#*=}
+    timeout 150 ncu --set full -k "regex:$k" --launch-count 2 -f -o /tmp/ncu_$c \
+      python3 benchmarks/ncu_cases.py $c --repeats 2 > $R/logs/ncu_$c.log 2>&1
+    say "ncu $c ($k) rc $?"
+    ncu --import /tmp/ncu_$c.ncu-rep --page details --csv > $R/ncu_$c.csv 2>&1
+  done; pack;; esac
   case " $MEASURE " in *" roundkernels "*)  # issue 12 item 4: a round's device time by phase and by kernel
   timeout 150 python3 benchmarks/round_kernels.py --widths 4 16 --out $R > $R/logs/round_kernels.log 2>&1
   say "round kernels rc $? : $(grep -E '^\| (round|kernels a round|kernel time a round)' $R/logs/round_kernels.log | tr '\n' ' ')"

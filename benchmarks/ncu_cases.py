@@ -1,0 +1,89 @@
+#!/usr/bin/env python
+"""One kernel case, launched a few times, for a profiler to look at (ncu, nsys).
+
+kernel_bench.py times every shape with many warm-up and timed runs; a profiler replaying each
+launch of that (ncu --set full replays a kernel ~40 times) takes minutes and cannot easily pick
+the batch-1 launches out of the sweep. Here one named case runs `--repeats` times on fresh random
+inputs (the same ones each time), so `ncu -k regex:walk_ --launch-count 2 python
+benchmarks/ncu_cases.py walk_b1_v49152` profiles exactly the launches of interest.
+
+    python benchmarks/ncu_cases.py CASE [--repeats N]
+    python benchmarks/ncu_cases.py --list
+
+Cases (issue 12's latency-bound kernels):
+  walk_b1_v49152      the transition walk of the default model's c = 1 round (15 rows)
+  walk_b1_v151936     the same with Qwen3's vocabulary
+  walk_b32_v151936    issue 12's floor row (480 rows)
+  verify_qwen3_1k_b1  the paged attention of a 16-token verify block, Qwen3-8B heads, 1K context,
+                      batch 1, in the engine's row-exact mode (the step table's round)
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+
+from dspine_engine import ops
+
+
+def walk_case(batch: int, vocab: int):
+    block, rank, k = 16, 256, 8
+    dev, bf16 = "cuda", torch.bfloat16
+    logits = torch.randn(batch, block - 1, vocab, dtype=bf16, device=dev) * 3
+    g = torch.randn(batch, block - 1, rank, dtype=bf16, device=dev)
+    pred = torch.randn(vocab, rank, dtype=bf16, device=dev) * 0.3
+    succ = torch.randn(vocab, rank, dtype=bf16, device=dev) * 0.3
+    anchor = torch.randint(0, vocab, (batch,), device=dev)
+    temp = torch.zeros(batch, device=dev)
+    u = torch.rand(batch, block - 1, device=dev)
+    return lambda: ops.transition_walk(logits, g, pred, succ, anchor, k, temp, u)
+
+
+def verify_attention_case(context: int):
+    q_heads, kv_heads, d, page, n = 32, 8, 128, 16, 16
+    dev, bf16 = "cuda", torch.bfloat16
+    pages = -(-context // page)
+    k_cache = torch.randn(pages, page, kv_heads, d, dtype=bf16, device=dev)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(pages, device=dev, dtype=torch.int32).view(1, pages)
+    kv_lens = torch.tensor([context], dtype=torch.int32, device=dev)
+    cu_q = torch.tensor([0, n], dtype=torch.int32, device=dev)
+    q = torch.randn(n, q_heads, d, dtype=bf16, device=dev)
+    scale = 1 / math.sqrt(d)
+    return lambda: ops.paged_attention(q, k_cache, v_cache, table, kv_lens, cu_q, n, True, 0, scale,
+                                       context, True)
+
+
+CASES = {
+    "walk_b1_v49152": lambda: walk_case(1, 49152),
+    "walk_b1_v151936": lambda: walk_case(1, 151936),
+    "walk_b32_v151936": lambda: walk_case(32, 151936),
+    "verify_qwen3_1k_b1": lambda: verify_attention_case(1024),
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("case", nargs="?", choices=sorted(CASES))
+    parser.add_argument("--repeats", type=int, default=3, help="launches of the case (default 3)")
+    parser.add_argument("--list", action="store_true", help="print the case names and exit")
+    args = parser.parse_args(argv)
+    if args.list or args.case is None:
+        print("\n".join(sorted(CASES)))
+        return 0 if args.list else 2
+    if not torch.cuda.is_available():
+        print("ncu_cases.py needs a CUDA device", file=sys.stderr)
+        return 1
+    run = CASES[args.case]()
+    for _ in range(args.repeats):
+        run()
+    torch.cuda.synchronize()
+    print(f"{args.case}: {args.repeats} launches")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
