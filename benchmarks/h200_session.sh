@@ -30,7 +30,9 @@
 #   gputest     (instead of data/fit/measure) every GPU test, the quantised CPU tests on the
 #               host's CPU (AVX-512), the serve load benchmark; TEST_K narrows the GPU tests
 #               (pytest -k; TEST_S the tests' time limit, 400 s: at 300 s the 2026-12-04 run
-#               stopped at ~97% with 8 workers, no failure; now 12 workers).        ~9 min
+#               stopped at ~97% with 8 workers, no failure; now 12 workers), then memcheck over
+#               the tests MEMCHECK_K selects (default: the RoPE, walk and exact-segment ones;
+#               MEMCHECK_S, 120 s).                                                  ~9 min
 #   measure     acceptance on HumanEval/MT-Bench at T=0/1 for both drafters, GPU lossless
 #               check, end to end AR vs DSpine (fixed and dynamic verification, answers ending
 #               at EOS), the step table, training speed;
@@ -306,6 +308,13 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   convert_model >/dev/null || exit 1
   LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-400} python3 -m pytest -q -m gpu -n 12 tests -rf --durations=25 ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
+  # memcheck over the kernels changed since the last run (MEMCHECK_K: a pytest -k; empty skips it)
+  MEMCHECK_K=${MEMCHECK_K-rope or transition_walk or exact_segment}
+  if [ -n "$MEMCHECK_K" ]; then
+    LD_PRELOAD=$CXX_LIB timeout ${MEMCHECK_S:-120} compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu \
+      tests/test_kernels_gpu.py -k "($MEMCHECK_K) and not outside_the_table" > $R/logs/memcheck.log 2>&1
+    say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
+  fi
   quant_cpu_tests; pack
   while [ ! -f $S/asan_build.rc ]; do sleep 2; done
   (cd /tmp/asan && PYTHONPATH=/tmp/asan:/root/site LD_PRELOAD=$($HOST_CXX -print-file-name=libasan.so):$CXX_LIB \
