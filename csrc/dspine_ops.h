@@ -40,6 +40,8 @@ void check_verify_args(const at::Tensor& logits, const at::Tensor& draft_tokens,
 void check_norm_rows(const at::Tensor& x, const at::Tensor& w, const char* name);
 void check_rope_table(const at::Tensor& positions, const at::Tensor& cos_sin, int64_t n, int64_t d);
 void check_token_rows(const at::Tensor& x, const char* name);
+// A per-head RMSNorm weight given to rope / write_kv / rope_write_kv: [head_dim] of x's dtype.
+void check_head_norm(const std::optional<at::Tensor>& norm, const at::Tensor& x, const char* op);
 void check_write_kv_args(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                          const at::Tensor& cos_sin, const at::Tensor& k_cache,
                          const at::Tensor& v_cache, const at::Tensor& slots);

@@ -23,13 +23,16 @@ using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
   X(add_rms_norm, Tensor2,                                                                       \
     (const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps),     \
     "(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)")                \
-  X(rope, at::Tensor, (const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin), \
-    "(Tensor x, Tensor positions, Tensor cos_sin) -> Tensor")                                   \
+  X(rope, at::Tensor,                                                                            \
+    (const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin,                \
+     const std::optional<at::Tensor>& norm, double eps),                                         \
+    "(Tensor x, Tensor positions, Tensor cos_sin, Tensor? norm=None, float eps=0.) -> Tensor")  \
   X(write_kv, void,                                                                              \
     (const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,                      \
-     const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots), \
+     const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots, \
+     const std::optional<at::Tensor>& k_norm, double eps),                                       \
     "(Tensor k, Tensor v, Tensor positions, Tensor cos_sin, Tensor(a!) k_cache, "               \
-    "Tensor(b!) v_cache, Tensor slots) -> ()")                                                  \
+    "Tensor(b!) v_cache, Tensor slots, Tensor? k_norm=None, float eps=0.) -> ()")               \
   X(rope_write_kv, at::Tensor,                                                                   \
     (const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,  \
      const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots, \

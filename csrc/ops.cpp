@@ -113,6 +113,14 @@ void check_token_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.stride(2) == 1 && x.stride(1) == x.size(2), name, ": heads must be contiguous");
 }
 
+void check_head_norm(const std::optional<at::Tensor>& norm, const at::Tensor& x, const char* op) {
+  if (!norm) return;
+  const at::Tensor& w = *norm;
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(2) && w.is_contiguous() && w.scalar_type() == x.scalar_type() &&
+                  w.device() == x.device(),
+              op, ": a head norm must be a contiguous [head_dim] weight of the rows' dtype and device");
+}
+
 void check_write_kv_args(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
                          const at::Tensor& cos_sin, const at::Tensor& k_cache,
                          const at::Tensor& v_cache, const at::Tensor& slots) {
@@ -139,13 +147,8 @@ void check_rope_write_kv_args(const at::Tensor& q, const at::Tensor& k, const at
   check_write_kv_args(k, v, positions, cos_sin, k_cache, v_cache, slots);  // checks the table for k
   TORCH_CHECK(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.scalar_type() == k.scalar_type(),
               "rope_write_kv: q must be [tokens, heads, head_dim] with k's tokens, head_dim and dtype");
-  for (const auto* norm : {&q_norm, &k_norm}) {
-    if (!norm->has_value()) continue;
-    const at::Tensor& w = **norm;
-    TORCH_CHECK(w.dim() == 1 && w.size(0) == q.size(2) && w.is_contiguous() && w.scalar_type() == q.scalar_type() &&
-                    w.device() == q.device(),
-                "rope_write_kv: q_norm and k_norm must be contiguous [head_dim] weights of q's dtype and device");
-  }
+  check_head_norm(q_norm, q, "rope_write_kv");
+  check_head_norm(k_norm, k, "rope_write_kv");
 }
 
 void check_silu_mul_args(const at::Tensor& x) {

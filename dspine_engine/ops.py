@@ -57,9 +57,12 @@ def add_rms_norm_ref(x, residual, weight, eps):
 # RoPE and the paged KV write
 # --------------------------------------------------------------------------------------------
 
-def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-    """Rotates ``x [N, H, D]`` by the angles of ``positions [N]`` (rotate-half form)."""
-    return _ops.rope(x, positions, cos_sin)
+def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, norm=None,
+         eps: float = 0.0) -> torch.Tensor:
+    """Rotates ``x [N, H, D]`` by the angles of ``positions [N]`` (rotate-half form). ``norm``
+    (a ``[D]`` weight, optional): each head row is first ``rms_norm``-ed with it and ``eps``
+    (a per-head q norm), rounded to x's dtype as that op stores it; on CUDA in the same launch."""
+    return _ops.rope(x, positions, cos_sin, norm, eps)
 
 
 def trainable_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor):
@@ -87,14 +90,17 @@ class _TrainableRope(torch.autograd.Function):
         return _swap_halves(_ops.rope(_swap_halves(grad), positions, cos_sin)), None, None
 
 
-def write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
+def write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots, k_norm=None,
+             eps: float = 0.0) -> None:
     """Writes ``rope(k)`` and ``v`` (``[N, Hkv, D]``) into the pages at ``slots [N]``.
 
     Rows whose slot is negative are skipped (padding). ``cos_sin`` may be an empty tensor: then
     k is written without rotation (used by models whose keys carry no position). The caches
     have k's dtype, or (CPU only) are fp16 under fp32 k/v: each value is then computed in fp32
-    (a key after its rotation) and rounded once to nearest even, as torch's ``.half()``."""
-    _ops.write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots)
+    (a key after its rotation) and rounded once to nearest even, as torch's ``.half()``.
+    ``k_norm`` (a ``[D]`` weight, optional): each key head row is first ``rms_norm``-ed with it
+    and ``eps``, as `rope`'s ``norm``."""
+    _ops.write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots, k_norm, eps)
 
 
 def rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm=None,
@@ -111,14 +117,13 @@ def rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm=N
 
 def rope_write_kv_ref(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm=None,
                       k_norm=None, eps: float = 0.0) -> torch.Tensor:
-    q = q if q_norm is None else rms_norm_ref(q, q_norm, eps)
-    k = k if k_norm is None else rms_norm_ref(k, k_norm, eps)
-    out = rope_ref(q, positions, cos_sin)
-    write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots)
+    out = rope_ref(q, positions, cos_sin, q_norm, eps)
+    write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots, k_norm, eps)
     return out
 
 
-def rope_ref(x, positions, cos_sin):
+def rope_ref(x, positions, cos_sin, norm=None, eps: float = 0.0):
+    x = x if norm is None else rms_norm_ref(x, norm, eps)
     half = x.shape[-1] // 2
     pos = positions.long()
     if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= cos_sin.shape[0]):
@@ -130,9 +135,12 @@ def rope_ref(x, positions, cos_sin):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
-def write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots) -> None:
+def write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots, k_norm=None,
+                 eps: float = 0.0) -> None:
     keep = slots >= 0  # padding rows (slot < 0) are neither written nor rotated
     k, v = k[keep], v[keep]
+    if k_norm is not None:
+        k = rms_norm_ref(k, k_norm, eps)
     if cos_sin.numel() > 0:
         k = rope_ref(k, positions[keep], cos_sin)
     s = slots[keep].long()
@@ -579,11 +587,10 @@ def draft_layers_loop(hidden, ctx, anchor_f, layers: list[DraftLayer], heads: in
     k = kernels
     for (proj, norms), k_cache, v_cache in zip(layers, k_caches, v_caches):
         x = k["rms_norm"](hidden, norms[0], eps)
-        q = k["rope"](k["rms_norm"](proj[0](x).view(-1, heads, head_dim), norms[1], eps),
-                      positions, cos_sin)
-        key, value = draft_kv(proj[1](torch.cat([ctx, x])), kv_heads, head_dim, norms[2], eps,
-                              k["rms_norm"])
-        k["write_kv"](key, value, kv_positions, cos_sin, k_cache, v_cache, kv_slots)
+        # The q / k norms ride on the rotation and the KV write (one launch each on CUDA).
+        q = k["rope"](proj[0](x).view(-1, heads, head_dim), positions, cos_sin, norms[1], eps)
+        key, value = draft_kv(proj[1](torch.cat([ctx, x])), kv_heads, head_dim)
+        k["write_kv"](key, value, kv_positions, cos_sin, k_cache, v_cache, kv_slots, norms[2], eps)
         attn = k["paged_attention"](q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
                                     False, window, scale, max_kv_len)
         # Residual adds ride on the next norm (add_rms_norm): one kernel instead of two ops.
@@ -595,12 +602,12 @@ def draft_layers_loop(hidden, ctx, anchor_f, layers: list[DraftLayer], heads: in
     return hidden
 
 
-def draft_kv(kvx, kv_heads: int, head_dim: int, k_norm, eps: float, norm=rms_norm):
-    """A draft layer's keys (k-normed, before RoPE) and values from its ``[k; v]`` projection
-    ``kvx [n, 2 * kv_heads * head_dim]``: the loop's and the context ingest's (`DSpineDraft`)."""
+def draft_kv(kvx, kv_heads: int, head_dim: int):
+    """A draft layer's keys (before their k norm and RoPE, which `write_kv` applies) and values,
+    row views of its ``[k; v]`` projection ``kvx [n, 2 * kv_heads * head_dim]``: the loop's and
+    the context ingest's (`DSpineDraft`)."""
     n, kvd = kvx.shape[0], kv_heads * head_dim
-    return (norm(kvx[:, :kvd].view(n, kv_heads, head_dim), k_norm, eps),
-            kvx[:, kvd:].view(n, kv_heads, head_dim))
+    return kvx[:, :kvd].view(n, kv_heads, head_dim), kvx[:, kvd:].view(n, kv_heads, head_dim)
 
 
 def _inject(proj, norms, mlp, hidden, anchor_f, eps: float, k: dict) -> torch.Tensor:
@@ -890,11 +897,11 @@ def _register_fakes() -> None:
         return torch.empty_like(x), torch.empty_like(x)
 
     @reg(lib + "rope")
-    def _(x, pos, cs):
+    def _(x, pos, cs, norm=None, eps=0.0):
         return torch.empty_like(x)
 
     @reg(lib + "write_kv")
-    def _(k, v, pos, cs, kc, vc, slots):
+    def _(k, v, pos, cs, kc, vc, slots, kn=None, eps=0.0):
         return None
 
     @reg(lib + "rope_write_kv")

@@ -91,7 +91,14 @@ def test_rope_write_kv_is_rope_then_write_kv():
     out = ops.rope_write_kv(q, k, v, pos, cs, got_k, got_v, slots, norms[0], norms[1], 1e-6)
     ref = ops.rope_write_kv_ref(q, k, v, pos, cs, ref_k, ref_v, slots, norms[0], norms[1], 1e-6)
     assert rel_err(out, ref) < 1e-6 and rel_err(got_k.nan_to_num(), ref_k.nan_to_num()) < 1e-6
-    with pytest.raises(RuntimeError, match="q_norm and k_norm must be"):
+    # rope and write_kv apart take the norms too: rms_norm first, exactly
+    assert torch.equal(ops.rope(q, pos, cs, norms[0], 1e-6), ops.rope(ops.rms_norm(q, norms[0], 1e-6), pos, cs))
+    apart_k, apart_v = torch.full_like(got_k, float("nan")), torch.full_like(got_v, float("nan"))
+    ops.write_kv(k, v, pos, cs, apart_k, apart_v, slots, norms[1], 1e-6)
+    assert torch.equal(apart_k.nan_to_num(), got_k.nan_to_num())
+    with pytest.raises(RuntimeError, match="write_kv: a head norm"):
+        ops.write_kv(k, v, pos, cs, apart_k, apart_v, slots, norms[1].double(), 1e-6)
+    with pytest.raises(RuntimeError, match="head norm must be a contiguous"):
         ops.rope_write_kv(q, k, v, pos, cs, got_k, got_v, slots, norms[0, :-1])
     with pytest.raises(RuntimeError, match="needs a cos/sin table"):
         ops.rope_write_kv(q, k, v, pos, torch.empty(0), got_k, got_v, slots)

@@ -141,7 +141,8 @@ def test_rope_write_kv_with_head_norms(hq, hkv, d, page_size, offset, dtype):
     """Qwen3's q/k norms inside the rotation and KV write: the reference's values (norm, rounded,
     rotated) on vector rows and on rows the scalar path takes (a view one element off its 16-byte
     alignment, an odd half of 65), one norm or both; padding rows and slots past the cache are
-    skipped and no other slot touched (their lanes still join the norm's shuffles)."""
+    skipped and no other slot touched (their lanes still join the norm's shuffles). rope and
+    write_kv apart take the same norms (the draft's layers call them so)."""
     n, eps = 37, 1e-6
     pages = 2 * n // page_size + 2
     cs = ops.rope_cos_sin(d, 4096, 10000.0).to(DEV)
@@ -161,7 +162,11 @@ def test_rope_write_kv_with_head_norms(hq, hkv, d, page_size, offset, dtype):
         ref = ops.rope_write_kv_ref(*(t.cpu().float() for t in (q, k, v)), pos.cpu(), cs.cpu(), ref_k, ref_v,
                                     slots.cpu(), *(None if w is None else w.cpu().float() for w in (qn, kn)), eps)
         assert not out.isnan().any() and rel_err_fp32(out, ref) < TOL[dtype]
-        for got, want in ((got_k, ref_k), (got_v, ref_v)):
+        apart_k, apart_v = (c.to(DEV) for c in _poisoned_caches(pages, page_size, hkv, d, dtype))
+        apart = ops.rope(q, pos, cs, qn, eps)
+        ops.write_kv(k, v, pos, cs, apart_k, apart_v, slots, kn, eps)
+        assert rel_err_fp32(apart, ref) < TOL[dtype]
+        for got, want in ((got_k, ref_k), (got_v, ref_v), (apart_k, ref_k), (apart_v, ref_v)):
             got = got.cpu()
             assert torch.equal(got.isnan(), want.isnan()), "wrote a slot it was not given"
             assert rel_err_fp32(got.nan_to_num(), want.nan_to_num()) < TOL[dtype]

@@ -77,9 +77,13 @@ static void check_positions_in_table(const at::Tensor& pos, const int32_t* slots
               " positions)");  // the message is formed only on failure, where bad < n
 }
 
-at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
-  check_token_rows(x, "rope");
-  check_rope_table(positions, cos_sin, x.size(0), x.size(2));
+// A head norm runs first, as rms_norm (the CPU has no launches to save); then the rotation.
+at::Tensor rope(const at::Tensor& x_in, const at::Tensor& positions, const at::Tensor& cos_sin,
+                const std::optional<at::Tensor>& norm, double eps) {
+  check_token_rows(x_in, "rope");
+  check_rope_table(positions, cos_sin, x_in.size(0), x_in.size(2));
+  check_head_norm(norm, x_in, "rope");
+  const auto x = norm ? rms_norm(x_in, *norm, eps) : x_in;
   auto out = at::empty(x.sizes(), x.options());
   auto pos = positions.contiguous();
   check_positions_in_table(pos, nullptr, cos_sin, "rope");
@@ -90,10 +94,11 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tens
   return out;
 }
 
-void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions,
-              const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache,
-              const at::Tensor& slots) {
-  check_write_kv_args(k, v, positions, cos_sin, k_cache, v_cache, slots);
+void write_kv(const at::Tensor& k_in, const at::Tensor& v, const at::Tensor& positions,
+              const at::Tensor& cos_sin, at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots,
+              const std::optional<at::Tensor>& k_norm, double eps) {
+  check_write_kv_args(k_in, v, positions, cos_sin, k_cache, v_cache, slots);
+  check_head_norm(k_norm, k_in, "write_kv");
   const bool rotate = cos_sin.numel() > 0;
   auto pos = positions.contiguous();
   auto sl = slots.contiguous();
@@ -102,6 +107,7 @@ void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positi
   const int64_t bad = cpu::first_outside(sp, sl.numel(), std::numeric_limits<int64_t>::min(), capacity);
   TORCH_CHECK(bad == sl.numel(), "write_kv: slot ", sp[bad], " is outside the cache (", capacity, " slots)");
   if (rotate) check_positions_in_table(pos, sp, cos_sin, "write_kv");
+  const auto k = k_norm ? rms_norm(k_in, *k_norm, eps) : k_in;
   dispatch_pair<at::Half>(k.scalar_type(), k_cache.scalar_type(), "write_kv", [&](auto row, auto cell) {
     using T = decltype(row);
     using C = decltype(cell);
@@ -118,10 +124,8 @@ at::Tensor rope_write_kv(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const std::optional<at::Tensor>& q_norm, const std::optional<at::Tensor>& k_norm,
                          double eps) {
   check_rope_write_kv_args(q, k, v, positions, cos_sin, k_cache, v_cache, slots, q_norm, k_norm);
-  const auto qn = q_norm ? rms_norm(q, *q_norm, eps) : q;
-  const auto kn = k_norm ? rms_norm(k, *k_norm, eps) : k;
-  auto out = rope(qn, positions, cos_sin);
-  write_kv(kn, v, positions, cos_sin, k_cache, v_cache, slots);
+  auto out = rope(q, positions, cos_sin, q_norm, eps);
+  write_kv(k, v, positions, cos_sin, k_cache, v_cache, slots, k_norm, eps);
   return out;
 }
 

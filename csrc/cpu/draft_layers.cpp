@@ -38,12 +38,12 @@ at::Tensor attention(const LayerArgs& a, const Layer& l, const at::Tensor& x, co
                      int64_t max_kv_len) {
   const int64_t h = x.size(1), kvd = a.kv_heads * a.head_dim;
   auto q = quant_matmul(x, *l.q, a.format, a.heads * a.head_dim).view({-1, a.heads, a.head_dim});
-  q = rope(rms_norm(q, *l.q_norm, a.eps), positions, cos_sin);
+  q = rope(q, positions, cos_sin, *l.q_norm, a.eps);
   const auto kvx = quant_matmul(at::cat({ctx, x}), *l.kv, a.format, 2 * kvd);
   const int64_t n = kvx.size(0);
-  const auto k = rms_norm(kvx.slice(1, 0, kvd).view({n, a.kv_heads, a.head_dim}), *l.k_norm, a.eps);
+  const auto k = kvx.slice(1, 0, kvd).view({n, a.kv_heads, a.head_dim});
   const auto v = kvx.slice(1, kvd).view({n, a.kv_heads, a.head_dim});
-  write_kv(k, v, kv_positions, cos_sin, k_cache, v_cache, kv_slots);
+  write_kv(k, v, kv_positions, cos_sin, k_cache, v_cache, kv_slots, *l.k_norm, a.eps);
   const auto attn = paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len, false,
                                     window, scale, max_kv_len, /*exact=*/false);
   return quant_matmul(attn.view({x.size(0), -1}), *l.o, a.format, h);

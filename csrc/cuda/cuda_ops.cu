@@ -49,38 +49,48 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x_in, const at
   return {out, sum};
 }
 
-at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin) {
+at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos_sin,
+                const std::optional<at::Tensor>& norm, double eps) {
   check_device("rope", x, positions, cos_sin);
   const c10::cuda::CUDAGuard guard(x.device());
   check_token_rows(x, "rope");
   check_rope_table(positions, cos_sin, x.size(0), x.size(2));
+  check_head_norm(norm, x, "rope");
   auto out = at::empty(x.sizes(), x.options());
   auto pos = positions.contiguous();
   dispatch_float(x.scalar_type(), "rope", [&](auto tag) {
     using T = decltype(tag);
-    gpu::launch_rope<T>(ptr<T>(x), x.stride(0), ptr<T>(out), pos.data_ptr<int32_t>(), cos_sin.data_ptr<float>(),
-                        static_cast<int>(cos_sin.size(0)), x.size(0), static_cast<int>(x.size(1)),
-                        static_cast<int>(x.size(2)), stream());
+    const gpu::RopeArgs<T> xa{ptr<T>(x), x.stride(0), ptr<T>(out), static_cast<int>(x.size(1)),
+                              norm ? ptr<T>(*norm) : nullptr};
+    gpu::launch_rope_write_kv<T>(xa, gpu::WriteKvArgs<T>{}, pos.data_ptr<int32_t>(), cos_sin.data_ptr<float>(),
+                                 static_cast<int>(cos_sin.size(0)), x.size(0), static_cast<int>(x.size(2)), stream(),
+                                 static_cast<float>(eps));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
 void write_kv(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions, const at::Tensor& cos_sin,
-              at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots) {
+              at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots,
+              const std::optional<at::Tensor>& k_norm, double eps) {
   check_device("write_kv", k, v, positions, cos_sin, k_cache, v_cache, slots);
   const c10::cuda::CUDAGuard guard(k.device());
   check_write_kv_args(k, v, positions, cos_sin, k_cache, v_cache, slots);
+  check_head_norm(k_norm, k, "write_kv");
   const bool rotate = cos_sin.numel() > 0;
   auto pos = positions.contiguous(), sl = slots.contiguous();
   // Slots past the cache cannot be rejected without reading them on the host; the kernel skips them.
   const int64_t capacity = k_cache.size(0) * k_cache.size(1);
   dispatch_float(k.scalar_type(), "write_kv", [&](auto tag) {
     using T = decltype(tag);
-    gpu::launch_write_kv<T>(ptr<T>(k), k.stride(0), ptr<T>(v), v.stride(0), rotate ? pos.data_ptr<int32_t>() : nullptr,
-                            rotate ? cos_sin.data_ptr<float>() : nullptr, rotate ? static_cast<int>(cos_sin.size(0)) : 0,
-                            ptr<T>(k_cache), ptr<T>(v_cache), sl.data_ptr<int32_t>(), capacity, k.size(0),
-                            static_cast<int>(k.size(1)), static_cast<int>(k.size(2)), stream());
+    const gpu::WriteKvArgs<T> kva{ptr<T>(k),       k.stride(0),     ptr<T>(v),
+                                  v.stride(0),     ptr<T>(k_cache), ptr<T>(v_cache),
+                                  sl.data_ptr<int32_t>(), capacity, static_cast<int>(k.size(1)),
+                                  k_norm ? ptr<T>(*k_norm) : nullptr};
+    gpu::launch_rope_write_kv<T>(gpu::RopeArgs<T>{}, kva, rotate ? pos.data_ptr<int32_t>() : nullptr,
+                                 rotate ? cos_sin.data_ptr<float>() : nullptr,
+                                 rotate ? static_cast<int>(cos_sin.size(0)) : 0, k.size(0),
+                                 static_cast<int>(k.size(2)), stream(), static_cast<float>(eps));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

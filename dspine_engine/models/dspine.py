@@ -337,8 +337,7 @@ class DSpineDraft(nn.Module):
 
     def _kv(self, i: int, x: torch.Tensor):
         c = self.config
-        return ops.draft_kv(self.bound.layers[i].kv(x), c.num_kv_heads, c.head_dim,
-                            self.layers[i].self_attn.k_norm.weight, c.rms_norm_eps)
+        return ops.draft_kv(self.bound.layers[i].kv(x), c.num_kv_heads, c.head_dim)
 
     @torch.inference_mode()
     def ingest_context(self, taps, positions, slots, k_caches, v_caches) -> None:
@@ -346,7 +345,8 @@ class DSpineDraft(nn.Module):
         ctx = self.context(taps)
         for i in range(self.config.num_layers):
             k, v = self._kv(i, ctx)
-            ops.write_kv(k, v, positions, self.bound.cos_sin, k_caches[i], v_caches[i], slots)
+            ops.write_kv(k, v, positions, self.bound.cos_sin, k_caches[i], v_caches[i], slots,
+                         self.layers[i].self_attn.k_norm.weight, self.config.rms_norm_eps)
 
     @torch.inference_mode()
     def propose(self, anchors, ctx_taps, ctx_positions, ctx_slots, meta: AttnMeta, k_caches,
