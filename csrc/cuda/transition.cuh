@@ -314,7 +314,9 @@ __device__ inline void walk_sequence(const WalkParams& p, int b, unsigned char* 
   const int64_t base = static_cast<int64_t>(b) * J;
   __syncthreads();  // the staging area is reused
   for (int i = threadIdx.x; i < J * K * K; i += blockDim.x) pair[i] = __ldcg(p.pair + base * K * K + i);
-  for (int i = threadIdx.x; i < J * K; i += blockDim.x) ids[i] = static_cast<int>(p.cand_ids[base * K + i]);
+  // Through L2 like the pair scores: with sliced rows other CTAs of this launch published them.
+  for (int i = threadIdx.x; i < J * K; i += blockDim.x)
+    ids[i] = static_cast<int>(__ldcg(reinterpret_cast<const long long*>(p.cand_ids) + base * K + i));
   for (int i = threadIdx.x; i < J; i += blockDim.x) u[i] = p.uniforms[base + i];
   __syncthreads();
   if (threadIdx.x == 0) walk_chain(p, b, ids, pair, u, p.temperature[b], q);
