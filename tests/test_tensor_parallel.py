@@ -203,3 +203,50 @@ def test_a_worker_that_fails_to_start_is_a_clear_error(tiny_qwen3, monkeypatch, 
                                                   r"\(while starting\)"):
         Engine(tiny_qwen3, progress=False, tensor_parallel_size=2)
     assert time.monotonic() - t0 < 20 and not dist.is_initialized()
+
+
+@pytest.mark.parametrize("mode", ["spec", "ar"])
+def test_a_group_of_one_runs_the_tp_path_and_answers_as_one_rank(tiny_qwen3, tiny_draft,
+                                                                  reference, mode, monkeypatch):
+    """DSPINE_TP_GROUP_OF_ONE=1 sends one rank through the whole tensor-parallel path (a group
+    of one, the sharded model with its row-parallel and vocabulary-parallel layers, the driven
+    target; no worker): the machine with one GPU runs the NCCL code this way. A shard of one is
+    the whole model and a collective of one the identity, so the outputs and the logits equal
+    the plain engine's exactly."""
+    from dspine_engine.distributed.parallel_dense import RowParallelDense
+
+    monkeypatch.setenv("DSPINE_TP_GROUP_OF_ONE", "1")
+    eng = Engine(tiny_qwen3, draft=tiny_draft if mode == "spec" else None, progress=False,
+                 max_num_seqs=4)
+    try:
+        assert dist.is_initialized() and dist.get_world_size() == 1 and eng._workers.pids == []
+        assert isinstance(eng.target.layers[0].o, RowParallelDense)
+        assert _outputs(eng, batched=True) == reference[mode, True]
+        if mode == "ar":
+            assert torch.equal(_prefill_logits(eng), reference["logits"])
+    finally:
+        eng.close()
+    assert not dist.is_initialized()
+
+
+@pytest.mark.gpu
+def test_a_group_of_one_on_the_gpu_answers_as_one_rank(smollm2_dir, monkeypatch):
+    """The NCCL path on one GPU (issue 15's single-GPU run): a process group of one over NCCL,
+    bound to the engine's GPU, the sharded bf16 target, its all-reduces and the logits' gather.
+    Against the plain engine without CUDA graphs (the TP path runs eager): the same kernels on
+    the same shapes and a collective of one, so greedy answers are token-identical in bf16."""
+    from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
+
+    prompts = humaneval_prompts()[:3] + mtbench_prompts()[:3]
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    plain = Engine(smollm2_dir, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=8)
+    want = [r.token_ids for r in plain.generate(prompts, params)]
+    del plain
+    monkeypatch.setenv("DSPINE_TP_GROUP_OF_ONE", "1")
+    eng = Engine(smollm2_dir, device="cuda", progress=False, max_num_seqs=8)
+    try:
+        assert dist.get_backend() == "nccl" and dist.get_world_size() == 1
+        assert [r.token_ids for r in eng.generate(prompts, params)] == want
+    finally:
+        eng.close()
+    assert not dist.is_initialized()

@@ -25,8 +25,12 @@ def backend_for(device: torch.device) -> str:
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
-    """Rank r computes on cuda:r on a GPU host, on the CPU otherwise."""
-    return torch.device("cuda", rank) if device.type == "cuda" else torch.device("cpu")
+    """Rank r computes on the r-th GPU from rank 0's (cuda:i + r) on a GPU host, on the CPU
+    otherwise."""
+    if device.type != "cuda":
+        return torch.device("cpu")
+    first = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.device("cuda", first + rank)
 
 
 def check_free() -> None:
@@ -39,9 +43,13 @@ def check_free() -> None:
 
 def join(store_path: str, rank: int, world: int, device: torch.device,
          timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+    """Joins the group as ``rank``; ``device`` is the rank's own (rank_device). NCCL binds the
+    group to it (``device_id``: its communicator is created at once, on that GPU, instead of
+    on whichever device is current at the first collective)."""
     store = dist.FileStore(store_path, world)
+    bound = {"device_id": device} if backend_for(device) == "nccl" else {}
     dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=datetime.timedelta(seconds=timeout_s), **bound)
 
 
 def leave() -> None:

@@ -46,6 +46,8 @@ def main() -> int:
 
 
 def _run(spec: dict, rx: Connection, tx: Connection) -> None:
+    import torch
+
     from ..engine.kv_cache import KVCache
     from ..models.target import TargetModel
     from . import group
@@ -53,6 +55,8 @@ def _run(spec: dict, rx: Connection, tx: Connection) -> None:
     from .sharding import shard_target
 
     rank, world, device = spec["rank"], spec["world"], spec["device"]
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # this process's GPU: the caching allocator's, NCCL's
     group.join(spec["store"], rank, world, device, spec["timeout"])
     model = shard_target(TargetModel.load(spec["target_dir"], device, spec["dtype"],
                                           progress=False), rank, world)

@@ -131,7 +131,7 @@ class WorkerGroup:
             self._await("hello", group.COLLECTIVE_TIMEOUT_S)
             if device.type == "cpu":  # the cores are shared out between the ranks
                 torch.set_num_threads(threads)
-            group.join(spec["store"], 0, world, device)
+            group.join(spec["store"], 0, world, group.rank_device(device, 0))
         except BaseException:
             self.close()
             raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -265,9 +266,12 @@ class Engine:
         self._ids = itertools.count()
 
     def _start_workers(self, target_dir: Path):
-        """The tensor-parallel workers (None for one rank), once the layout is known to fit."""
+        """The tensor-parallel workers (None for one rank), once the layout is known to fit.
+        DSPINE_TP_GROUP_OF_ONE=1 runs one rank through the whole tensor-parallel path anyway
+        (a process group of one, the sharded model, the driven target; no worker): how the
+        NCCL code runs on a machine with one GPU (a test aid; outputs equal one rank's)."""
         size = self.config.tensor_parallel_size
-        if size == 1:
+        if size == 1 and os.environ.get("DSPINE_TP_GROUP_OF_ONE", "0") != "1":
             return None
         from ..distributed import WorkerGroup, check_layout
 
