@@ -230,23 +230,32 @@ def test_a_group_of_one_runs_the_tp_path_and_answers_as_one_rank(tiny_qwen3, tin
 
 
 @pytest.mark.gpu
-def test_a_group_of_one_on_the_gpu_answers_as_one_rank(smollm2_dir, monkeypatch):
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda_graphs"])
+def test_a_group_of_one_on_the_gpu_answers_as_one_rank(smollm2_dir, graphs, monkeypatch):
     """The NCCL path on one GPU (issue 15's single-GPU run): a process group of one over NCCL,
-    bound to the engine's GPU, the sharded bf16 target, its all-reduces and the logits' gather.
-    Against the plain engine without CUDA graphs (the TP path runs eager): the same kernels on
-    the same shapes and a collective of one, so greedy answers are token-identical in bf16."""
+    bound to the engine's GPU, the sharded bf16 target, its all-reduces and the logits' gather,
+    eager or inside the engine's CUDA graphs (the TP path captures its collectives, and would
+    have each worker capture its own graph beside). Against the plain engine in the same mode:
+    the same kernels on the same shapes and collectives of one, so greedy answers are
+    token-identical in bf16, speculative and autoregressive."""
     from dspine_engine.datasets import humaneval_prompts, mtbench_prompts
+    from dspine_engine.distributed import DrivenTarget
 
     prompts = humaneval_prompts()[:3] + mtbench_prompts()[:3]
     params = SamplingParams(max_tokens=48, ignore_eos=True)
-    plain = Engine(smollm2_dir, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=8)
-    want = [r.token_ids for r in plain.generate(prompts, params)]
-    del plain
-    monkeypatch.setenv("DSPINE_TP_GROUP_OF_ONE", "1")
-    eng = Engine(smollm2_dir, device="cuda", progress=False, max_num_seqs=8)
-    try:
-        assert dist.get_backend() == "nccl" and dist.get_world_size() == 1
-        assert [r.token_ids for r in eng.generate(prompts, params)] == want
-    finally:
-        eng.close()
-    assert not dist.is_initialized()
+    settings = dict(device="cuda", cuda_graphs=graphs, progress=False, max_num_seqs=8)
+    for draft in (None, "default"):
+        plain = Engine(smollm2_dir, draft=draft, **settings)
+        want = [r.token_ids for r in plain.generate(prompts, params)]
+        del plain
+        monkeypatch.setenv("DSPINE_TP_GROUP_OF_ONE", "1")
+        eng = Engine(smollm2_dir, draft=draft, **settings)
+        try:
+            assert dist.get_backend() == "nccl" and dist.get_world_size() == 1
+            assert isinstance(eng.target, DrivenTarget)
+            assert (eng.runner.graphs is not None) == graphs
+            assert [r.token_ids for r in eng.generate(prompts, params)] == want
+        finally:
+            eng.close()
+            monkeypatch.delenv("DSPINE_TP_GROUP_OF_ONE")
+        assert not dist.is_initialized()

@@ -63,6 +63,10 @@ def send_forward(flat: torch.Tensor) -> None:
 
 
 def receive_forward(header: ForwardHeader, device) -> torch.Tensor:
-    flat = torch.empty(sum(header.sizes), dtype=torch.int64, device=device)
+    return receive_into(torch.empty(sum(header.sizes), dtype=torch.int64, device=device))
+
+
+def receive_into(flat: torch.Tensor) -> torch.Tensor:
+    """Fills ``flat`` with rank 0's packed inputs (a worker's static buffer inside a graph)."""
     dist.broadcast(flat, src=0)
     return flat

@@ -61,12 +61,19 @@ def _run(spec: dict, rx: Connection, tx: Connection) -> None:
     model = shard_target(TargetModel.load(spec["target_dir"], device, spec["dtype"],
                                           progress=False), rank, world)
     kv = None
+    graphs: dict[int, tuple] = {}  # rank 0's captured forwards, by id: (graph, its input buffer)
+    pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
     while True:
         msg = rx.recv()  # EOFError when rank 0 is gone
         if msg[0] == "forward":
             header = msg[1]
             tokens, meta, rows = unpack_forward(header, receive_forward(header, device))
             model.forward(tokens, meta, kv.k, kv.v, logit_rows=rows)
+        elif msg[0] == "capture":  # rank 0 is capturing this forward into a graph right now
+            graphs[msg[1]] = _capture_forward(model, msg[2], kv, device, pool)
+        elif msg[0] == "replay":
+            for graph_id in msg[1]:
+                graphs[graph_id][0].replay()
         elif msg[0] == "setup":
             max_position, num_pages, page_size, model.exact_attention, kv_dtype = msg[1:]
             model.cover_positions(max_position)
@@ -79,6 +86,22 @@ def _run(spec: dict, rx: Connection, tx: Connection) -> None:
             return
         else:
             raise ValueError(f"unknown message {msg[0]!r}")
+
+
+def _capture_forward(model, header, kv, device, pool) -> tuple:
+    """A CUDA graph of one forward from a static input buffer: the broadcast that fills it, the
+    unpacking and the sharded forward, recorded in lockstep with rank 0's capture. Returns the
+    graph and the buffer (kept alive with it)."""
+    import torch
+
+    from .protocol import receive_into, unpack_forward
+
+    flat = torch.empty(sum(header.sizes), dtype=torch.int64, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        tokens, meta, rows = unpack_forward(header, receive_into(flat))
+        model.forward(tokens, meta, kv.k, kv.v, logit_rows=rows)
+    return graph, flat
 
 
 if __name__ == "__main__":

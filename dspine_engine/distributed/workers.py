@@ -13,6 +13,7 @@ replies are polled with the workers' liveness, collectives carry the group's tim
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -115,6 +116,7 @@ class WorkerGroup:
         group.check_free()
         self.world, self.device = world, device
         self._failure: str | None = None
+        self._graph_ids = itertools.count()
         self._dir = tempfile.mkdtemp(prefix="dspine-tp-")
         threads = max(1, available_ranks(device)[0] // world) if device.type == "cpu" else 1
         spec = dict(world=world, store=os.path.join(self._dir, "store"), dtype=dtype,
@@ -167,6 +169,23 @@ class WorkerGroup:
         header, flat = pack_forward(tokens, meta, logit_rows)
         self._send(("forward", header))
         send_forward(flat)
+
+    def announce_capture(self, tokens, meta, logit_rows) -> int:
+        """Inside rank 0's CUDA-graph capture: every worker captures its own graph of the same
+        forward at the same time (its collectives are recorded in lockstep with ours, the input
+        broadcast first), kept under the returned id for `announce_replay`."""
+        header, flat = pack_forward(tokens, meta, logit_rows)
+        graph_id = next(self._graph_ids)
+        self._send(("capture", graph_id, header))
+        send_forward(flat)  # recorded: at each replay the inputs travel inside both graphs
+        return graph_id
+
+    def announce_replay(self, graph_ids: list[int]) -> None:
+        """Before rank 0 replays a graph holding these forwards: the workers replay theirs."""
+        if self._failure is not None:
+            raise TensorParallelError(self._failure)
+        if graph_ids:
+            self._send(("replay", graph_ids))
 
     # ------------------------------------------------------------------ messages
     def _send(self, msg: tuple) -> None:
@@ -230,10 +249,15 @@ class WorkerGroup:
 
 class DrivenTarget:
     """Rank 0's target under tensor parallelism: its own shard (attributes read through), whose
-    every forward the workers run too, on their shards, from the inputs rank 0 broadcasts."""
+    every forward the workers run too, on their shards, from the inputs rank 0 broadcasts.
+
+    CUDA graphs per rank: a forward captured into one of rank 0's graphs is captured by every
+    worker at the same time (`announce_capture`); the engine's `GraphSet` takes this object as
+    its partner, so that replaying a graph first tells the workers to replay theirs."""
 
     def __init__(self, shard: TargetModel, workers: WorkerGroup):
         self._shard, self._workers = shard, workers
+        self._captured: list[int] = []  # forwards captured since the last graph_captured()
 
     def __getattr__(self, name):
         if name.startswith("_"):  # not the shard's (and no recursion before __init__)
@@ -242,5 +266,22 @@ class DrivenTarget:
 
     def forward(self, tokens, meta, k_caches, v_caches, logit_rows=None, tap_layers=()):
         with self._workers.forward_guard():
-            self._workers.announce_forward(tokens, meta, logit_rows)
+            if tokens.is_cuda and torch.cuda.is_current_stream_capturing():
+                self._captured.append(self._workers.announce_capture(tokens, meta, logit_rows))
+            else:
+                self._workers.announce_forward(tokens, meta, logit_rows)
             return self._shard.forward(tokens, meta, k_caches, v_caches, logit_rows, tap_layers)
+
+    # ----------------------------------------------------------------- graph partner
+    @property
+    def graph_partner(self) -> "DrivenTarget":
+        return self
+
+    def graph_captured(self) -> list[int]:
+        """The workers' graphs the graph just captured holds (its target forwards)."""
+        held, self._captured = self._captured, []
+        return held
+
+    def graph_replaying(self, held: list[int]) -> None:
+        with self._workers.forward_guard():
+            self._workers.announce_replay(held)

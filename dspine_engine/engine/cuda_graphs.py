@@ -6,6 +6,11 @@ runner. A batch is padded to the next captured size; padding rows write nothing 
 them so). The graphs contain no host sync. All graphs share one memory pool, so a graph's
 outputs are valid only until the next replay of any graph: outputs that must live longer (the
 draft tokens, read by the verify) are copied into static buffers inside the graph itself.
+
+Partners (tensor parallelism): other processes whose own graphs must replay with this one's,
+because a captured forward holds collectives. A partner is told after each capture
+(``graph_captured()`` returns what that graph holds of theirs) and before each replay
+(``graph_replaying(that)``); `DrivenTarget` is the one partner there is.
 """
 from __future__ import annotations
 
@@ -28,10 +33,12 @@ def graph_sizes(max_num_seqs: int) -> list[int]:
 
 
 class GraphSet:
-    def __init__(self, sizes: list[int]):
+    def __init__(self, sizes: list[int], partner=None):
         self.sizes = sorted(sizes)
         self.pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, object]] = {}
+        self.partner = partner
+        # (name, size) -> (graph, its outputs, what it holds of the partner's)
+        self._graphs: dict[tuple[str, int], tuple[torch.cuda.CUDAGraph, object, object]] = {}
 
     def fits(self, b: int) -> bool:
         return b <= self.sizes[-1]
@@ -50,7 +57,9 @@ class GraphSet:
                    unit="graph", disable=not progress, leave=False)
         for n in reversed(self.sizes):
             for name, body in bodies:
-                self._graphs[(name, n)] = self._capture(lambda: body(n, width))
+                graph, out = self._capture(lambda: body(n, width))
+                held = self.partner.graph_captured() if self.partner is not None else None
+                self._graphs[(name, n)] = graph, out, held
                 bar.update()
         bar.close()
 
@@ -70,7 +79,10 @@ class GraphSet:
         return self._graphs[(name, n)][0]
 
     def replay(self, name: str, n: int):
-        """Replays the graph of ``name`` at size ``n``; returns its captured outputs."""
-        graph, out = self._graphs[(name, n)]
+        """Replays the graph of ``name`` at size ``n`` (its partners' too); returns its captured
+        outputs."""
+        graph, out, held = self._graphs[(name, n)]
+        if self.partner is not None:
+            self.partner.graph_replaying(held)
         graph.replay()
         return out

@@ -250,7 +250,7 @@ class Engine:
                                 self.target.exact_attention, self.kv_dtype)
         self.scheduler = Scheduler(self.cache, c.max_num_seqs, c.max_prefill_tokens,
                                    c.admission_batch)
-        use_graphs = c.cuda_graphs and self.device.type == "cuda" and self._workers is None
+        use_graphs = c.cuda_graphs and self.device.type == "cuda"  # per rank under TP
         sizes = graph_sizes(c.max_num_seqs) if use_graphs else []
         threads = CpuThreads.for_engine(self.device, c.cpu_threads, self.quantized)
         self.runner = ModelRunner(self.target, self.draft, self.cache,
@@ -363,6 +363,8 @@ class Engine:
         try:
             self.runner.capture_graphs(sizes, progress, self.config.verify_widths)
         except Exception:  # a capture failure costs speed, never correctness
+            if self._workers is not None:  # ...but half-captured workers are out of step
+                raise
             log.warning("CUDA graph capture failed; running the forwards eagerly",
                         exc_info=True)
             self.runner.graphs = None

@@ -404,7 +404,8 @@ class ModelRunner:
         self.inputs.fill_rows(0, top, self.cache.padding_seat)
         self.inputs.upload()
         full = self.cache.target.max_pages
-        graphs = GraphSet(sizes)
+        # A tensor-parallel target (distributed.DrivenTarget) replays its workers' graphs with ours.
+        graphs = GraphSet(sizes, partner=getattr(self.target, "graph_partner", None))
         bodies = [(self._verify_graph(w),
                    lambda n, width, w=w: self._verify_body(n, width, w))
                   for w in (widths or [self.block])]
