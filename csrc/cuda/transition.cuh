@@ -238,15 +238,29 @@ __device__ void pair_scores_of_row(const WalkParams& p, int b, int j, unsigned c
   const T* pred = static_cast<const T*>(p.pred);
   const T* succ = static_cast<const T*>(p.succ);
   const T* g = static_cast<const T*>(p.g) + row * r;
-  const int n_rows = n_prev + K + 1;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < n_rows * r; i += blockDim.x) {  // independent loads: all in flight
-    const int rr = i / r, x = i % r;
-    const int id = rr < n_prev + K ? ids[rr] : 0;
-    const T* src = rr < n_prev ? pred + static_cast<int64_t>(id) * r
-                   : rr < n_prev + K ? succ + static_cast<int64_t>(id) * r
-                                     : g;
-    rows[i] = id >= 0 ? src[x] : from_float<T>(0.f);
+  const int total = (n_prev + K + 1) * r;
+  // kStage loads a thread in flight at once: all of a chunk's loads, then its stores. One store
+  // per load in a plain loop kept them one memory latency apart (17 in a row at K = 8, r = 256):
+  // `rows` and `ids` share this shared array, so no load of ids[] (and no global load after it)
+  // could move above the previous iteration's store.
+  constexpr int kStage = sizeof(T) == 2 ? 16 : 8;  // (fp32 at 16 spilled on sm_80)
+  for (int base = threadIdx.x; base < total; base += kStage * blockDim.x) {
+    T staged[kStage];
+#pragma unroll
+    for (int u = 0; u < kStage; ++u) {
+      const int i = base + u * blockDim.x;
+      staged[u] = from_float<T>(0.f);
+      if (i >= total) continue;
+      const int rr = i / r, x = i % r;
+      const int id = rr < n_prev + K ? ids[rr] : 0;
+      const T* src = rr < n_prev ? pred + static_cast<int64_t>(id) * r
+                     : rr < n_prev + K ? succ + static_cast<int64_t>(id) * r
+                                       : g;
+      if (id >= 0) staged[u] = src[x];
+    }
+#pragma unroll
+    for (int u = 0; u < kStage; ++u)
+      if (base + u * blockDim.x < total) rows[base + u * blockDim.x] = staged[u];
   }
   __syncthreads();
   const int lane = threadIdx.x % kWarpSize;
