@@ -64,7 +64,8 @@
 #               --exact rows, the Qwen3-8B step table at 1K/8K, then e2e on the default model
 #               at c = 8, 1, alternated twice: which size the default should be.     ~8 min
 #               MEASURE="ncu" (not in the default set): ncu --set full on the walk's kernels at
-#               c = 1 (V = 49152 and 151936) and batch 32, and the Qwen3-8B 1K verify attention
+#               c = 1 (V = 49152 and 151936) and batch 32, the Qwen3-8B 1K verify attention, the
+#               top-k/top-p block verify at batch 32
 #               (benchmarks/ncu_cases.py; NCU_CASES="case=kernel-regex ..." picks others). ~3 min
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
@@ -419,7 +420,7 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   case " $MEASURE " in *" ncu "*)  # issue 12: why the latency-bound kernels take what they take
   # NCU_CASES="case=kernel-regex ...": benchmarks/ncu_cases.py cases, 2 launches each profiled in
   # full; the details page comes back as CSV (the .ncu-rep stays: it is large).
-  for spec in ${NCU_CASES:-walk_b1_v49152=walk_ walk_b1_v151936=walk_ walk_b32_v151936=walk_ verify_qwen3_1k_b1=paged_attention_mma}; do
+  for spec in ${NCU_CASES:-walk_b1_v49152=walk_ walk_b1_v151936=walk_ walk_b32_v151936=walk_ verify_qwen3_1k_b1=paged_attention_mma block_verify_topk_b32=block_verify}; do
     c=${spec%%=*} k=${spec#*=}
     timeout 150 ncu --set full -k "regex:$k" --launch-count 2 -f -o /tmp/ncu_$c \
       python3 benchmarks/ncu_cases.py $c --repeats 2 > $R/logs/ncu_$c.log 2>&1

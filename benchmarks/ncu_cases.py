@@ -16,6 +16,8 @@ Cases (issue 12's latency-bound kernels):
   walk_b32_v151936    issue 12's floor row (480 rows)
   verify_qwen3_1k_b1  the paged attention of a 16-token verify block, Qwen3-8B heads, 1K context,
                       batch 1, in the engine's row-exact mode (the step table's round)
+  block_verify_topk_b32  the block verify sampling at T = 1 with top-k 50 and top-p 0.9, batch 32,
+                      V = 151936 (issue 12's 3.3 ms row, goal 50 us)
 """
 from __future__ import annotations
 
@@ -56,11 +58,27 @@ def verify_attention_case(context: int):
                                        context, True)
 
 
+def block_verify_case(batch: int, vocab: int, top_k: int, top_p: float):
+    block, k = 16, 8
+    dev = "cuda"
+    logits = torch.randn(batch, block, vocab, dtype=torch.bfloat16, device=dev) * 2
+    draft = torch.randint(0, vocab, (batch, block - 1), device=dev)
+    cand_ids = torch.randint(0, vocab, (batch, block - 1, k), device=dev)
+    cand_ids[..., 0] = draft
+    cand_probs = torch.softmax(torch.randn(batch, block - 1, k, device=dev), -1)
+    temp = torch.ones(batch, device=dev)
+    tk = torch.full((batch,), top_k, dtype=torch.int32, device=dev)
+    tp = torch.full((batch,), top_p, device=dev)
+    u = torch.rand(batch, block, device=dev)
+    return lambda: ops.block_verify(logits, draft, cand_ids, cand_probs, temp, tk, tp, u)
+
+
 CASES = {
     "walk_b1_v49152": lambda: walk_case(1, 49152),
     "walk_b1_v151936": lambda: walk_case(1, 151936),
     "walk_b32_v151936": lambda: walk_case(32, 151936),
     "verify_qwen3_1k_b1": lambda: verify_attention_case(1024),
+    "block_verify_topk_b32": lambda: block_verify_case(32, 151936, 50, 0.9),
 }
 
 
