@@ -66,7 +66,7 @@
 #               MEASURE="ncu" (not in the default set): ncu --set full on the walk's kernels at
 #               c = 1 (V = 49152 and 151936) and batch 32, the Qwen3-8B 1K verify attention, the
 #               top-k/top-p block verify at batch 32
-#               (benchmarks/ncu_cases.py; NCU_CASES="case=kernel-regex ..." picks others). ~3 min
+#               (benchmarks/ncu_cases.py; NCU_CASES="case=kernel-regex ..." picks others). ~5 min
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
 #               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
