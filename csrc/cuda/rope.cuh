@@ -146,7 +146,7 @@ __device__ __forceinline__ HeadRow<T> head_row(const RopeArgs<T>& q, const Write
   const int head = static_cast<int>(kr % kv.heads);
   const int64_t slot = kv.slots[token];
   live = slot >= 0 && slot < kv.capacity;
-  const int64_t dst = (slot * kv.heads + head) * s.d;
+  const int64_t dst = live ? (slot * kv.heads + head) * s.d : 0;  // (never written when not live)
   v_src = kv.v + token * kv.v_stride + static_cast<int64_t>(head) * s.d;
   v_dst = kv.v_cache + dst;
   const int pos = s.cos_sin ? s.positions[token] : 0;
