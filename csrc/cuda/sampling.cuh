@@ -202,8 +202,17 @@ __device__ __forceinline__ float key_value(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
+// Radix passes of 8 bits (4 over a 32-bit key), each warp adding into its own histogram: logits
+// share their top bits, so one histogram for the CTA had all 8 warps' atomics queue on the same
+// few buckets (the top-k / top-p verify at batch 32 took 2.6-3.3 ms). A warp's histogram is
+// padded by one bucket so that bucket b of every warp falls in a different bank.
+constexpr int kRadixBits = 8;
+constexpr int kRadixBins = 1 << kRadixBits;
+constexpr int kRadixPitch = kRadixBins + 1;
+
 struct RadixScratch {
-  unsigned long long hist[2048];
+  unsigned long long hist[kRowWarps * kRadixPitch];  // per warp
+  unsigned long long total[kRadixBins];              // the warps' sum, per pass
   int bucket;
   unsigned long long above;
 };
@@ -221,14 +230,14 @@ __device__ __forceinline__ void warp_aggregated_add(unsigned long long* hist, in
 }
 
 // Warp 0: the highest bucket b with above + weight(buckets >= b) >= need (need >= 1), into
-// sh.bucket (-1 if none) and sh.above (weight strictly above b).
-__device__ inline void find_bucket_from_top(RadixScratch& sh, int bins, unsigned long long need,
-                                            unsigned long long above) {
+// sh.bucket (-1 if none) and sh.above (weight strictly above b), from sh.total.
+__device__ inline void find_bucket_from_top(RadixScratch& sh, unsigned long long need, unsigned long long above) {
   const int lane = threadIdx.x % kWarpSize;
-  const int per = bins / kWarpSize;
-  const int top = bins - 1 - lane * per;  // lane scans buckets top, top - 1, ..., top - per + 1
+  constexpr int per = kRadixBins / kWarpSize;
+  const int top = kRadixBins - 1 - lane * per;  // lane scans buckets top, top - 1, ..., top - per + 1
   unsigned long long mine = 0;
-  for (int i = 0; i < per; ++i) mine += sh.hist[top - i];
+#pragma unroll 1  // (unrolled, its loads spilled the verify kernel's registers at 64)
+  for (int i = 0; i < per; ++i) mine += sh.total[top - i];
   const unsigned long long incl = warp_inclusive_scan(mine);
   const unsigned hits = __ballot_sync(kFullMask, above + incl >= need);
   if (hits == 0) {
@@ -237,8 +246,9 @@ __device__ inline void find_bucket_from_top(RadixScratch& sh, int bins, unsigned
   }
   if (lane != __ffs(hits) - 1) return;
   unsigned long long cum = above + incl - mine;
+#pragma unroll 1
   for (int i = 0; i < per; ++i) {
-    const unsigned long long h = sh.hist[top - i];
+    const unsigned long long h = sh.total[top - i];
     if (cum + h >= need) {
       sh.bucket = top - i;
       sh.above = cum;
@@ -248,37 +258,44 @@ __device__ inline void find_bucket_from_top(RadixScratch& sh, int bins, unsigned
   }
 }
 
-// The largest key K with weight(elements whose key >= K) >= need, by three radix passes
-// (11 + 11 + 10 bits) over the row. value(x) maps a logit to the ranked float, weight(v) gives its
+// The largest key K with weight(elements whose key >= K) >= need, by four radix passes of
+// kRadixBits over the row. value(x) maps a logit to the ranked float, weight(v) gives its
 // integer weight (0: ignored). Returns false if the whole row weighs less than need.
 // With weight 1 and need k this is the k-th largest value; with fixed-point probabilities and
-// need = top_p it is the top-p threshold tau. Uniform control flow only.
+// need = top_p it is the top-p threshold tau. The key found does not depend on how its bits are
+// split into passes, nor on the order the integer weights are added in. Uniform control flow only.
 template <typename T, typename ValueFn, typename WeightFn>
 __device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
                                 WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
   uint32_t prefix = 0, prefix_mask = 0;
   unsigned long long above = 0;
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
-    const int bins = pass == 2 ? 1024 : 2048;
+#pragma unroll 1
+  for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
     __syncthreads();  // the previous pass (or caller) is done with sh
-    for (int i = threadIdx.x; i < bins; i += blockDim.x) sh.hist[i] = 0;
+    for (int i = threadIdx.x; i < kRowWarps * kRadixPitch; i += blockDim.x) sh.hist[i] = 0;
     __syncthreads();
     for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
       const float v = value(x);
       const uint32_t key = order_key(v);
       const unsigned long long w = valid ? weight(v) : 0ull;
       const bool hit = w != 0 && (key & prefix_mask) == prefix;
-      warp_aggregated_add(sh.hist, hit ? static_cast<int>((key >> shift) & (bins - 1)) : -1, hit ? w : 0ull);
+      unsigned long long* mine = sh.hist + (threadIdx.x / kWarpSize) * kRadixPitch;  // this warp's
+      warp_aggregated_add(mine, hit ? static_cast<int>((key >> shift) & (kRadixBins - 1)) : -1, hit ? w : 0ull);
     });
     __syncthreads();
-    if (threadIdx.x < kWarpSize) find_bucket_from_top(sh, bins, need, above);
+    for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) {
+      unsigned long long sum = 0;
+      for (int w = 0; w < kRowWarps; ++w) sum += sh.hist[w * kRadixPitch + b];
+      sh.total[b] = sum;
+    }
+    __syncthreads();
+    if (threadIdx.x < kWarpSize) find_bucket_from_top(sh, need, above);
     __syncthreads();
     const int bucket = sh.bucket;
     if (bucket < 0) return false;
     above = sh.above;
     prefix |= static_cast<uint32_t>(bucket) << shift;
-    prefix_mask |= static_cast<uint32_t>(bins - 1) << shift;
+    prefix_mask |= static_cast<uint32_t>(kRadixBins - 1) << shift;
   }
   key_out = prefix;
   return true;
