@@ -3,6 +3,8 @@
 // never read device memory on the host, so every op can be captured in a CUDA graph.
 #pragma once
 
+#include <cstdlib>
+
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -42,6 +44,14 @@ inline int device_attribute(cudaDeviceAttr attr) {
 }
 
 inline int num_sms() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+
+// The kernels' tuning knobs are environment variables read at every call, so a process (the
+// tests, kernel_bench.py) can change them between calls; a captured CUDA graph keeps what it was
+// captured with. The variable as an integer, `unset` when it is missing or empty.
+inline int env_int(const char* name, int unset) {
+  const char* env = std::getenv(name);
+  return env && *env ? std::atoi(env) : unset;
+}
 
 // All non-empty tensors on the CUDA device of `first` (empty placeholders may live anywhere).
 template <typename... Ts>

@@ -12,13 +12,7 @@
 namespace dspine {
 namespace cuda {
 
-// The attention knobs below are environment variables read at every call, so a process (the
-// tests, kernel_bench.py) can change them between calls; a captured CUDA graph keeps what it was
-// captured with. env_int: the variable as an integer, `unset` when it is missing or empty.
-static int env_int(const char* name, int unset) {
-  const char* env = std::getenv(name);
-  return env && *env ? std::atoi(env) : unset;
-}
+// The attention knobs below are read at every call (binding.h, env_int).
 
 // DSPINE_ATTN_SPLITS=n forces the split-KV count of the tensor-core path (a tuning and testing
 // aid: every count gives the same result up to fp32 rounding; 0 or unset keeps the heuristic).

@@ -158,11 +158,8 @@ static bool rows_vectorisable(const at::Tensor& t, int64_t row_len) {
 
 // DSPINE_WALK_SPLITS=n slices every row of the walk's top-k pass into n (at most 16; a testing
 // and tuning aid: the candidates are the same for every n); 0 or unset keeps the heuristic. Read at
-// every call, as the attention knobs are (cuda_attention.cu).
-static int forced_walk_splits() {
-  const char* env = std::getenv("DSPINE_WALK_SPLITS");
-  return env && *env ? std::max(0, std::atoi(env)) : 0;
-}
+// every call (binding.h, env_int).
+static int forced_walk_splits() { return std::max(0, env_int("DSPINE_WALK_SPLITS", 0)); }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
     const at::Tensor& logits_in, const at::Tensor& g_in, const at::Tensor& pred_in, const at::Tensor& succ_in,
