@@ -10,14 +10,14 @@ import os
 import torch
 
 from ..models.config import TargetConfig
+from .group import rank_device
 
 
 def available_ranks(device: torch.device) -> tuple[int, str]:
     """How many ranks the machine can host and of what: GPUs from rank 0's on CUDA (rank r
     takes the r-th after it), usable CPU cores else."""
     if device.type == "cuda":
-        first = device.index if device.index is not None else torch.cuda.current_device()
-        return torch.cuda.device_count() - first, "CUDA devices from rank 0's"
+        return torch.cuda.device_count() - rank_device(device, 0).index, "CUDA devices from rank 0's"
     try:
         return len(os.sched_getaffinity(0)), "CPU cores"
     except AttributeError:  # not Linux
