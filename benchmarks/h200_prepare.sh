@@ -61,6 +61,9 @@ python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implement
 # py-spy, to profile a generator rank on the GPU machine (its host-bound step).
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl py-spy
+# pytest-timeout: a per-test limit on the GPU runs (h200_quick.sh), so a hung kernel fails its
+# test instead of the whole call.
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl pytest-timeout==2.4.0
 python3 -c "from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; humaneval_prompts(); mtbench_prompts()"
 cp ~/.cache/dspine_engine/datasets/*.whl .whl/datasets/
 
