@@ -26,8 +26,8 @@
 // diagonal), as in the mma.sync kernel. No key split: the heuristic sends a call here only when
 // its row tiles fill the GPU by themselves.
 //
-// Not yet: ping-pong scheduling between the two consumers (named barriers, so that one's
-// softmax runs under the other's GEMMs), an output staged through shared memory. See
+// The two consumers take turns issuing a step's GEMMs (ping-pong, named barriers), so that one's
+// softmax runs under the other's GEMMs. Not yet: an output staged through shared memory. See
 // docs/KERNELS.md for the measured rate.
 #pragma once
 
@@ -327,12 +327,21 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     softmax_tile(0);  // corr is 1 or 0 against an O that is still zero: nothing to rescale
     clear(tOrO);
     p_from_s();
+    // Ping-pong (FlashAttention-3's warp scheduler barriers): the two consumers take turns to
+    // issue a step's two GEMMs, so one's softmax runs while the other's GEMMs hold the tensor
+    // cores. Named barrier 1 + c is consumer c's turn (its 128 threads wait, the other's 128
+    // arrive); consumer 0 goes first. The last arrive has no wait to match, which the end of
+    // the CTA clears.
+    const int me = wg - 1;
+    if (me == 1) cutlass::arch::NamedBarrier::arrive(256, 1);
     for (int i = 1; i < n_tiles; ++i) {
       const int stage = i % C::kStages, prev = (i - 1) % C::kStages;
       Bar::wait(&full_k[stage], use_parity(i));
+      cutlass::arch::NamedBarrier::sync(256, 1 + me);
       wgmma_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
       Bar::wait(&full_v[prev], use_parity(i - 1));
       wgmma_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, prev), tOrO);
+      cutlass::arch::NamedBarrier::arrive(256, 2 - me);
       wgmma_wait<1>(tSrS);  // Q K_i^T retired; P V_{i-1} may still run
       Bar::arrive(&empty_k[stage]);
       softmax_tile(i);
