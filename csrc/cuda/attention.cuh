@@ -292,11 +292,13 @@ __device__ __forceinline__ void warp_scores(float (&s)[C::kWarpN / 8][4],
   }
 }
 
-// Online softmax over one tile: scales/masks s into the exp2 domain, rescales o and the running
-// (max, sum) of the thread's two rows, and leaves P = exp2(s - max) in s.
-template <int BN, int D>
-__device__ __forceinline__ void softmax_update(float (&s)[BN / 8][4], float (&o)[D / 8][4], float (&m_run)[2],
-                                               float (&l_run)[2], int k0, bool need_mask, KeyRange vis0,
+// Online softmax over one tile, scores side: scales/masks s into the exp2 domain, updates the
+// running (max, sum) of the thread's two rows and leaves P = exp2(s - max) in s; corr[r] is the
+// factor row r's output accumulator must take (rescale_rows). Apart from the rescale so that the
+// Hopper kernel can run it while the previous tile's P V is still accumulating into O.
+template <int BN>
+__device__ __forceinline__ void softmax_scores(float (&s)[BN / 8][4], float (&m_run)[2], float (&l_run)[2],
+                                               float (&corr)[2], int k0, bool need_mask, KeyRange vis0,
                                                KeyRange vis1, float scale_log2) {
   const int quad = threadIdx.x % 4;
   float mx[2] = {-INFINITY, -INFINITY};
@@ -321,14 +323,9 @@ __device__ __forceinline__ void softmax_update(float (&s)[BN / 8][4], float (&o)
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(kFullMask, mx[r], 2));
     const float m_new = fmaxf(m_run[r], mx[r]);
     m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // a row with nothing visible yet stays at 0
-    const float corr = exp2f(m_run[r] - m_use[r]);
+    corr[r] = exp2f(m_run[r] - m_use[r]);
     m_run[r] = m_new;
-    l_run[r] *= corr;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      o[dt][2 * r] *= corr;
-      o[dt][2 * r + 1] *= corr;
-    }
+    l_run[r] *= corr[r];
   }
 #pragma unroll
   for (int nt = 0; nt < BN / 8; ++nt) {
@@ -338,6 +335,27 @@ __device__ __forceinline__ void softmax_update(float (&s)[BN / 8][4], float (&o)
       l_run[e / 2] += s[nt][e];
     }
   }
+}
+
+// The output side of the online softmax: row r of o (elements 2r, 2r + 1 of each group of 4)
+// times corr[r].
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[dt][e] *= corr[e / 2];
+  }
+}
+
+// Both sides at once (the mma.sync kernels, whose O is plain registers).
+template <int BN, int D>
+__device__ __forceinline__ void softmax_update(float (&s)[BN / 8][4], float (&o)[D / 8][4], float (&m_run)[2],
+                                               float (&l_run)[2], int k0, bool need_mask, KeyRange vis0,
+                                               KeyRange vis1, float scale_log2) {
+  float corr[2];
+  softmax_scores<BN>(s, m_run, l_run, corr, k0, need_mask, vis0, vis1, scale_log2);
+  rescale_rows<D>(o, corr);
 }
 
 // o += P V with P taken from the score accumulators (sV points at the warp's first key).

@@ -5,28 +5,30 @@
 //
 // CTA = 3 warpgroups (384 threads) owning one (sequence, kv head, tile of 128 rows), rows being
 // (query, head of the GQA group) pairs exactly as in the mma.sync kernel (cta_work is shared):
-//   warpgroup 0  producer: Q once, then K/V tiles of 128 keys into a ring of kStages stages.
-//                Copies are cp.async, 16 bytes each, one page-table lookup per key row: a
-//                128-key tile spans 8 pages at the engine's page size of 16, so a TMA box (one
-//                page, 16 rows) would need 8 descriptors' worth of issues per tile and could not
-//                zero-fill keys outside the visible range without reading them (see
-//                docs/KERNELS.md, "Hopper (sm_90a)"). The producer waits for its own copies,
-//                fences them into the async proxy (wgmma reads shared memory through it) and
-//                arrives on the stage's `full` mbarrier.
+//   warpgroup 0  producer: Q once, then K and V tiles of 128 keys into two rings of kStages
+//                stages (K_{i+1} before V_i, the order the consumers need them). Copies are
+//                cp.async, 16 bytes each, one page-table lookup per key row: a 128-key tile
+//                spans 8 pages at the engine's page size of 16, so a TMA box (one page, 16 rows)
+//                would need 8 descriptors' worth of issues per tile and could not zero-fill keys
+//                outside the visible range without reading them (see docs/KERNELS.md, "Hopper
+//                (sm_90a)"). Each load is one cp.async group; a load is announced (copies waited
+//                for by each issuing thread, fenced into the async proxy wgmma reads through, an
+//                arrive on its `full` mbarrier) once the next one is in flight.
 //   warpgroups 1-2  consumers, 64 rows each (the M of one wgmma): S = Q K^T with both operands
 //                in shared memory (SS), online softmax on the S accumulators in registers (the
-//                mma.sync kernel's softmax_update: wgmma's accumulator layout per warp is the
-//                m16n8 layout it was written for), P converted in registers and O += P V with
-//                P as the register operand (RS), then an arrive on the stage's `empty` mbarrier.
+//                mma.sync kernel's softmax_scores / rescale_rows: wgmma's accumulator layout per
+//                warp is the m16n8 layout they were written for), P converted in registers and
+//                O += P V with P as the register operand (RS). Two batches in flight: tile i's
+//                Q K^T and tile i-1's P V are issued together, the softmax of tile i runs under
+//                P V, O is rescaled when P V retires (FlashAttention-3's intra-warpgroup
+//                overlap). A stage of K is released when its Q K^T retires, one of V after P V.
 // Masks are applied only on tiles that some row of the CTA cannot fully see (the causal
 // diagonal), as in the mma.sync kernel. No key split: the heuristic sends a call here only when
 // its row tiles fill the GPU by themselves.
 //
-// Deliberately simple first version (correctness first, issue 12): one wgmma batch in flight per
-// consumer (no intra-warpgroup overlap of softmax with the next QK^T, no ping-pong scheduling
-// between the two consumers beyond what the warp scheduler does), output stored straight from
-// registers, producer waits for each tile before signalling it. See docs/KERNELS.md for the
-// measured rate and what to add next.
+// The two consumers take turns issuing a step's GEMMs (ping-pong, named barriers), so that one's
+// softmax runs under the other's GEMMs. Not yet: an output staged through shared memory. See
+// docs/KERNELS.md for the measured rate.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -67,7 +69,9 @@ struct Sm90Tile {
   static constexpr int kD = D;
   static constexpr int kBlockM = 128;  // 2 consumer warpgroups x 64 rows (wgmma M)
   static constexpr int kBlockN = 128;  // keys per stage: the N of QK^T, the K of PV
-  static constexpr int kStages = D <= 64 ? 3 : 2;
+  // Stages of K and of V (apart: a stage of K frees when Q K^T is done with it, one of V when
+  // P V is). Three at head dim 128 fill the SM's shared memory (225 KB).
+  static constexpr int kStages = D <= 64 ? 4 : 3;
   static constexpr int kThreads = 3 * 128;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
   // setmaxnreg budgets: 128 x 56 + 256 x 224 = 64512 <= 65536 registers of the SM (one CTA/SM).
@@ -97,7 +101,7 @@ struct Sm90Tile {
 
   static constexpr size_t kQBytes = cute::cosize(SmemLayoutQ{}) * sizeof(E);
   static constexpr size_t kKVBytes = cute::cosize(SmemLayoutK{}) * sizeof(E);
-  static constexpr size_t kBarrierBytes = (1 + 2 * kStages) * sizeof(uint64_t);
+  static constexpr size_t kBarrierBytes = (1 + 4 * kStages) * sizeof(uint64_t);
   // +1024: the dynamic shared memory base is re-aligned to 1024 bytes (the 128-byte swizzle's
   // period, which the wgmma descriptors assume).
   static constexpr size_t kSmemBytes = 1024 + kQBytes + 2 * kKVBytes + kBarrierBytes;
@@ -110,10 +114,11 @@ struct Sm90Tile {
 };
 
 #if DSPINE_SM90_DEVICE_CODE
-// C = A B over the k blocks of the operands, one wgmma batch, waited for. ZERO_INIT overwrites C;
-// REG_A: A is a register fragment (RS), fenced like the accumulators.
+// Issues C = A B over the k blocks of the operands as one wgmma batch (committed, not waited
+// for). ZERO_INIT overwrites C; REG_A: A is a register fragment (RS), fenced like the accumulators.
+// Until wgmma_wait retires the batch, C must not be read and a register A not written.
 template <bool ZERO_INIT, bool REG_A, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma_gemm(TiledMma& mma, const TA& a, const TB& b, TC& c) {
+__device__ __forceinline__ void wgmma_issue(TiledMma& mma, const TA& a, const TB& b, TC& c) {
   using namespace cute;
   constexpr bool kRegA = REG_A;
   if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
@@ -126,19 +131,23 @@ __device__ __forceinline__ void wgmma_gemm(TiledMma& mma, const TA& a, const TB&
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
 }
 
-// Producer: one K/V tile into its stage, 16-byte cp.async per (key row, chunk), zero-filled
-// outside the CTA's visible keys (never read, so freed pages may be -1 there).
-template <typename C, class TK>
-__device__ __forceinline__ void sm90_load_kv(TK& sK, TK& sV, const PagedAttentionParams& p, const CtaWork& w,
-                                             int tile, int stage, int tid) {
+// Waits until at most N of this warpgroup's batches are in flight; `c` (the accumulators of the
+// batches that retired) is then safe to read.
+template <int N, class TC>
+__device__ __forceinline__ void wgmma_wait(TC& c) {
+  cute::warpgroup_wait<N>();
+  cute::warpgroup_fence_operand(c);
+}
+
+// Producer: one K or V tile (`cache`) into its stage, 16-byte cp.async per (key row, chunk),
+// zero-filled outside the CTA's visible keys (never read, so freed pages may be -1 there).
+template <typename C, class TS>
+__device__ __forceinline__ void sm90_load_tile(TS& dst, const void* cache, const PagedAttentionParams& p,
+                                               const CtaWork& w, int tile, int stage, int tid) {
   using T = typename C::Elem;
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
+  const T* src = static_cast<const T*>(cache);
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
   // Thread tid copies chunk tid % kChunks of rows tid / kChunks + k * (128 / kChunks): one page
   // lookup per row it touches, consecutive threads on consecutive 16-byte chunks of a row.
@@ -150,10 +159,37 @@ __device__ __forceinline__ void sm90_load_kv(TK& sK, TK& sV, const PagedAttentio
     const int64_t off =
         (kp >= w.key_lo && kp <= w.key_hi) ? kv_offset(table, kp, p, w.page_shift, w.kvh, C::kD) : -1;
     const bool valid = off >= 0;
-    cp_async_16(&sK(r, ch * 8, stage), valid ? kc + off + ch * 8 : kc, valid);
-    cp_async_16(&sV(r, ch * 8, stage), valid ? vc + off + ch * 8 : vc, valid);
+    cp_async_16(&dst(r, ch * 8, stage), valid ? src + off + ch * 8 : src, valid);
   }
 }
+
+// The producer's ring discipline: every load is one cp.async group, and the load before it is
+// announced (its copies waited for by each issuing thread, fenced into the async proxy that wgmma
+// reads through, then a release-arrive on its `full` barrier) only once the next one is issued:
+// two loads in flight per thread, with nothing but plain cp.async and mbarrier arrivals.
+struct Sm90Announcer {
+  uint64_t* pending = nullptr;  // `full` barrier of the load issued last, not yet announced
+
+  // Call right after committing a load's group; `full` is that load's barrier.
+  __device__ __forceinline__ void issued(uint64_t* full) {
+    cp_async_wait<1>();
+    announce_pending();
+    pending = full;
+  }
+  __device__ __forceinline__ void finish() {
+    cp_async_wait<0>();
+    announce_pending();
+  }
+
+ private:
+  __device__ __forceinline__ void announce_pending() {
+    if (pending == nullptr) return;
+    // cp.async writes through the generic proxy, wgmma reads through the async proxy: each
+    // writing thread fences its own writes before its release-arrive.
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::ClusterBarrier::arrive(pending);
+  }
+};
 #endif
 
 // grid: (batch * kv_heads, 1, row tiles of 128); block: 384 threads; dynamic smem kSmemBytes.
@@ -170,8 +206,11 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
   E* v_ptr = reinterpret_cast<E*>(base + C::kQBytes + C::kKVBytes);
   uint64_t* bars = reinterpret_cast<uint64_t*>(base + C::kQBytes + 2 * C::kKVBytes);
   uint64_t* q_full = bars;
-  uint64_t* full = bars + 1;                // [kStages]: producer -> consumers, 128 arrivals
-  uint64_t* empty = bars + 1 + C::kStages;  // [kStages]: consumers -> producer, 256 arrivals
+  // [kStages] each: producer -> consumers (128 arrivals), consumers -> producer (256 arrivals).
+  uint64_t* full_k = bars + 1;
+  uint64_t* full_v = full_k + C::kStages;
+  uint64_t* empty_k = full_v + C::kStages;
+  uint64_t* empty_v = empty_k + C::kStages;
   using Bar = cutlass::arch::ClusterBarrier;
 
   Tensor sQ = make_tensor(make_smem_ptr(q_ptr), typename C::SmemLayoutQ{});
@@ -186,41 +225,68 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
   if (threadIdx.x == 0) {
     Bar::init(q_full, 128);
     for (int s = 0; s < C::kStages; ++s) {
-      Bar::init(&full[s], 128);
-      Bar::init(&empty[s], 256);
+      Bar::init(&full_k[s], 128);
+      Bar::init(&full_v[s], 128);
+      Bar::init(&empty_k[s], 256);
+      Bar::init(&empty_v[s], 256);
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
+  // Parity a stage's barrier shows once its u-th use (u = tile / kStages) may start: a fresh
+  // `empty` barrier passes parity 1 at once.
+  auto use_parity = [](int tile) { return (tile / C::kStages) & 1; };
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     // ---------------------------------------------------------------- producer warpgroup
+    // Loads in the order the consumers need them: Q, K_0, then K_{i+1} before V_i (Q K^T of the
+    // next tile is issued before P V of this one).
     cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
     const int tid = threadIdx.x;
     for (int c = tid; c < C::kBlockM * C::kChunks; c += 128) {
       const int r = c / C::kChunks, ch = c % C::kChunks;
       cp_async_16(&sQ(r, ch * 8), q_row_chunk<T, D>(p, w, r, ch), r < w.rows_here);
     }
-    for (int i = 0; i < n_tiles; ++i) {
-      const int stage = i % C::kStages;
-      // Parity of the stage's previous use: a fresh barrier passes parity 1 at once.
-      Bar::wait(&empty[stage], ((i / C::kStages) & 1) ^ 1);
-      sm90_load_kv<C>(sK, sV, p, w, w.tile_begin + i, stage, tid);
-      cp_async_commit();
-      cp_async_wait<0>();
-      // cp.async writes through the generic proxy, wgmma reads through the async proxy: each
-      // writing thread fences its own writes before its release-arrive.
-      cutlass::arch::fence_view_async_shared();
-      if (i == 0) Bar::arrive(q_full);
-      Bar::arrive(&full[stage]);
+    cp_async_commit();
+    if (n_tiles == 0) {
+      cp_async_wait<0>();  // no copy outlives the CTA; no consumer waits for Q
+      return;
     }
-    cp_async_wait<0>();  // no copy outlives the CTA (the Q copy when there was no tile)
+    Sm90Announcer announce;
+    announce.pending = q_full;
+    sm90_load_tile<C>(sK, p.k_cache, p, w, w.tile_begin, 0, tid);
+    cp_async_commit();
+    announce.issued(&full_k[0]);
+    for (int i = 0; i < n_tiles; ++i) {
+      if (i + 1 < n_tiles) {
+        const int stage = (i + 1) % C::kStages;
+        Bar::wait(&empty_k[stage], use_parity(i + 1) ^ 1);
+        sm90_load_tile<C>(sK, p.k_cache, p, w, w.tile_begin + i + 1, stage, tid);
+        cp_async_commit();
+        announce.issued(&full_k[stage]);
+      }
+      const int stage = i % C::kStages;
+      Bar::wait(&empty_v[stage], use_parity(i) ^ 1);
+      sm90_load_tile<C>(sV, p.v_cache, p, w, w.tile_begin + i, stage, tid);
+      cp_async_commit();
+      announce.issued(&full_v[stage]);
+    }
+    announce.finish();
   } else {
     // ---------------------------------------------------------------- consumer warpgroups
+    // Two wgmma batches in flight (FlashAttention-3's intra-warpgroup overlap): tile i's Q K^T
+    // and tile i-1's P V are issued back to back, the softmax of tile i runs while P V still
+    // accumulates, and O takes tile i's correction once P V has retired.
     cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
-    const int ctid = threadIdx.x - 128;
     const int lane = threadIdx.x % kWarpSize;
+    RowState rs(p, w, w.row0 + C::warp_row0() + lane / 4);  // this thread's rows: that one and + 8
+    if (n_tiles == 0) {  // no key to see: zero rows (or empty partials)
+      float o[D / 8][4] = {};
+      store_rows<C>(p, w, o, rs.m_run, rs.l_run);
+      return;
+    }
+    const int ctid = threadIdx.x - 128;
     typename C::TiledMmaS mma_s;
     typename C::TiledMmaO mma_o;
     auto thr_s = mma_s.get_thread_slice(ctid);
@@ -233,40 +299,73 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     Tensor tOrP = make_tensor<E>(partition_shape_A(mma_o, Shape<Int<C::kBlockM>, Int<C::kBlockN>>{}));
     // The flat register order of the S accumulators (per 8 columns: row g cols 2q, 2q+1, row
     // g+8 the same) is the order of the RS A operand over 16-column k blocks, so P is S converted
-    // element by element (no shuffles). The sizes pin the layouts this relies on.
+    // element by element (no shuffles), and the mma.sync kernel's [n/8][4] arrays index both.
     static_assert(decltype(size(tSrS))::value == C::kBlockN / 2, "S: 64 x BN per warpgroup");
     static_assert(decltype(size(tOrO))::value == D / 2, "O: 64 x D per warpgroup");
     static_assert(decltype(size(tOrP))::value == C::kBlockN / 2, "P: S's registers");
 
-    RowSoftmax<D> rs(p, w, w.row0 + C::warp_row0() + lane / 4);  // this thread's rows: that one and + 8
-    clear(tOrO);
-
-    if (n_tiles > 0) Bar::wait(q_full, 0);
-    for (int i = 0; i < n_tiles; ++i) {
-      const int stage = i % C::kStages;
-      const int t = w.tile_begin + i;
-      Bar::wait(&full[stage], (i / C::kStages) & 1);
-      wgmma_gemm<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
-
-      float s[C::kBlockN / 8][4];
+    float s[C::kBlockN / 8][4];
+    float corr[2];
+    // Scores of tile i (in tSrS, retired) -> P in s, running max/sum, corr.
+    auto softmax_tile = [&](int i) {
 #pragma unroll
       for (int j = 0; j < size(tSrS); ++j) s[j / 4][j % 4] = tSrS(j);
-#pragma unroll
-      for (int j = 0; j < size(tOrO); ++j) rs.o[j / 4][j % 4] = tOrO(j);
-      const int k0 = t * C::kBlockN;
+      const int k0 = (w.tile_begin + i) * C::kBlockN;
       const bool need_mask = !(k0 >= w.full_lo && k0 + C::kBlockN - 1 <= w.full_hi);
-      softmax_update<C::kBlockN, D>(s, rs.o, rs.m_run, rs.l_run, k0, need_mask, rs.vis0, rs.vis1, rs.scale_log2);
-#pragma unroll
-      for (int j = 0; j < size(tOrO); ++j) tOrO(j) = rs.o[j / 4][j % 4];
+      softmax_scores<C::kBlockN>(s, rs.m_run, rs.l_run, corr, k0, need_mask, rs.vis0, rs.vis1, rs.scale_log2);
+    };
+    auto p_from_s = [&] {
 #pragma unroll
       for (int j = 0; j < size(tOrP); ++j) tOrP(j) = static_cast<E>(s[j / 4][j % 4]);
+    };
 
-      wgmma_gemm<false, true>(mma_o, tOrP, tOrV(_, _, _, stage), tOrO);
-      Bar::arrive(&empty[stage]);  // this thread's wgmmas on the stage are complete
-    }
+    Bar::wait(q_full, 0);
+    Bar::wait(&full_k[0], 0);
+    wgmma_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, 0), tSrS);
+    wgmma_wait<0>(tSrS);
+    Bar::arrive(&empty_k[0]);
+    softmax_tile(0);  // corr is 1 or 0 against an O that is still zero: nothing to rescale
+    clear(tOrO);
+    p_from_s();
+    // Ping-pong (FlashAttention-3's warp scheduler barriers): the two consumers take turns to
+    // issue a step's two GEMMs, so one's softmax runs while the other's GEMMs hold the tensor
+    // cores. Named barrier 1 + c is consumer c's turn (its 128 threads wait, the other's 128
+    // arrive); consumer 0 goes first. The last arrive has no wait to match, which the end of
+    // the CTA clears.
+    const int me = wg - 1;
+    if (me == 1) cutlass::arch::NamedBarrier::arrive(256, 1);
+    for (int i = 1; i < n_tiles; ++i) {
+      const int stage = i % C::kStages, prev = (i - 1) % C::kStages;
+      Bar::wait(&full_k[stage], use_parity(i));
+      cutlass::arch::NamedBarrier::sync(256, 1 + me);
+      wgmma_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
+      Bar::wait(&full_v[prev], use_parity(i - 1));
+      wgmma_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, prev), tOrO);
+      cutlass::arch::NamedBarrier::arrive(256, 2 - me);
+      wgmma_wait<1>(tSrS);  // Q K_i^T retired; P V_{i-1} may still run
+      Bar::arrive(&empty_k[stage]);
+      softmax_tile(i);
+      wgmma_wait<0>(tOrO);
+      warpgroup_fence_operand(tOrP);
+      Bar::arrive(&empty_v[prev]);
+      float o[D / 8][4];
 #pragma unroll
-    for (int j = 0; j < size(tOrO); ++j) rs.o[j / 4][j % 4] = tOrO(j);
-    store_rows<C>(p, w, rs.o, rs.m_run, rs.l_run);
+      for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
+      rescale_rows<D>(o, corr);
+#pragma unroll
+      for (int j = 0; j < size(tOrO); ++j) tOrO(j) = o[j / 4][j % 4];
+      p_from_s();
+    }
+    const int last = (n_tiles - 1) % C::kStages;
+    Bar::wait(&full_v[last], use_parity(n_tiles - 1));
+    wgmma_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, last), tOrO);
+    wgmma_wait<0>(tOrO);
+    warpgroup_fence_operand(tOrP);
+    Bar::arrive(&empty_v[last]);
+    float o[D / 8][4];
+#pragma unroll
+    for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
+    store_rows<C>(p, w, o, rs.m_run, rs.l_run);
   }
 #else
   __trap();  // no sm_90a image in this pass; attention_sm90_runnable() keeps launches away
