@@ -318,6 +318,16 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
 #pragma unroll
       for (int j = 0; j < size(tOrP); ++j) tOrP(j) = static_cast<E>(s[j / 4][j % 4]);
     };
+    // P V on V stage `stage` retired: O readable, P writable, the stage back to the producer.
+    auto retire_pv = [&](int stage) {
+      wgmma_wait<0>(tOrO);
+      warpgroup_fence_operand(tOrP);
+      Bar::arrive(&empty_v[stage]);
+    };
+    auto o_of_regs = [&](float (&o)[D / 8][4]) {
+#pragma unroll
+      for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
+    };
 
     Bar::wait(q_full, 0);
     Bar::wait(&full_k[0], 0);
@@ -345,12 +355,9 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
       wgmma_wait<1>(tSrS);  // Q K_i^T retired; P V_{i-1} may still run
       Bar::arrive(&empty_k[stage]);
       softmax_tile(i);
-      wgmma_wait<0>(tOrO);
-      warpgroup_fence_operand(tOrP);
-      Bar::arrive(&empty_v[prev]);
+      retire_pv(prev);
       float o[D / 8][4];
-#pragma unroll
-      for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
+      o_of_regs(o);
       rescale_rows<D>(o, corr);
 #pragma unroll
       for (int j = 0; j < size(tOrO); ++j) tOrO(j) = o[j / 4][j % 4];
@@ -359,12 +366,9 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     const int last = (n_tiles - 1) % C::kStages;
     Bar::wait(&full_v[last], use_parity(n_tiles - 1));
     wgmma_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, last), tOrO);
-    wgmma_wait<0>(tOrO);
-    warpgroup_fence_operand(tOrP);
-    Bar::arrive(&empty_v[last]);
+    retire_pv(last);
     float o[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
+    o_of_regs(o);
     store_rows<C>(p, w, o, rs.m_run, rs.l_run);
   }
 #else
