@@ -67,6 +67,9 @@
 #               c = 1 (V = 49152 and 151936) and batch 32, the Qwen3-8B 1K verify attention, the
 #               top-k/top-p block verify at batch 32
 #               (benchmarks/ncu_cases.py; NCU_CASES="case=kernel-regex ..." picks others). ~5 min
+#               MEASURE="prefill" (not in the default set): kernel_bench.py --modes prefill
+#               --sm90 compare: the wgmma kernel beside mma.sync and the SDPA backends (issue 12
+#               item 1; the sm90 path is opt-in, DSPINE_ATTN_SM90).                   ~3 min
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
 #               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
@@ -442,6 +445,10 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
     --shapes Qwen3-8B SmolLM2 --ctxs 1024 4096 8192 --batches 1 8 --splits 1 2 4 8 16 32 --exact \
     --out $R/splits > $R/logs/kernel_splits.log 2>&1
   say "kernel splits rc $?"; pack;; esac
+  case " $MEASURE " in *" prefill "*)  # issue 12 item 1: the sm90 kernel against mma.sync and cuDNN
+  timeout 240 python3 benchmarks/kernel_bench.py --attention-only --modes prefill --sm90 compare \
+    --out $R/prefill > $R/logs/kernel_prefill.log 2>&1
+  say "kernel prefill rc $?"; sed -n '/^| shape/,/^$/p' $R/logs/kernel_prefill.log | head -20; pack;; esac
   case " $MEASURE " in *" floors "*)  # issue 12 item 3: the walk and the block verify (no attention sweep)
   timeout 120 python3 benchmarks/kernel_bench.py --sampling-only --out $R > $R/logs/kernel_floors.log 2>&1
   say "kernel floors rc $? : $(grep -E '^\| (transition_walk|block_verify) \| greedy' $R/logs/kernel_floors.log | tr '\n' ' ')"
