@@ -70,6 +70,9 @@
 #               MEASURE="prefill" (not in the default set): kernel_bench.py --modes prefill
 #               --sm90 compare: the wgmma kernel beside mma.sync and the SDPA backends (issue 12
 #               item 1; the sm90 path is opt-in, DSPINE_ATTN_SM90).                   ~3 min
+#               MEASURE="tp" (not in the default set; a multi-GPU kind): benchmarks/tp_bench.py
+#               --device cuda, TP = 1, 2, 4, 8 up to the GPUs, batch 1/8/32, the Qwen3-8B shape
+#               with a random 5-layer draft (issue 15; DSPINE_TP_CUDA=1 for its first runs). ~8 min
 #               MEASURE="floors" (not in the default set): kernel_bench.py --sampling-only:
 #               the walk and the block verify at batch 32, V=151936 (every variant) and
 #               greedy at batch 1, V=49152 (issue 12 item 3).                       ~1 min
@@ -449,6 +452,11 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   timeout 240 python3 benchmarks/kernel_bench.py --attention-only --modes prefill --sm90 compare \
     --out $R/prefill > $R/logs/kernel_prefill.log 2>&1
   say "kernel prefill rc $?"; sed -n '/^| shape/,/^$/p' $R/logs/kernel_prefill.log | head -20; pack;; esac
+  case " $MEASURE " in *" tp "*)  # issue 15: the engine at TP = 1, 2, 4, 8 (as the GPUs allow)
+  sizes=$(for n in 1 2 4 8; do [ $n -le $GPUS ] && echo -n "$n "; done)
+  DSPINE_TP_CUDA=1 timeout 480 python3 benchmarks/tp_bench.py --device cuda --tp $sizes --draft \
+    --batches 1 8 32 --tokens 64 --trials 2 --workdir /root/tp_work --out $R > $R/logs/tp_bench.log 2>&1
+  say "tp bench rc $? : $(grep -E '^\| [0-9]+ \|' $R/logs/tp_bench.log | tr '\n' ' ' | cut -c1-600)"; pack;; esac
   case " $MEASURE " in *" floors "*)  # issue 12 item 3: the walk and the block verify (no attention sweep)
   timeout 120 python3 benchmarks/kernel_bench.py --sampling-only --out $R > $R/logs/kernel_floors.log 2>&1
   say "kernel floors rc $? : $(grep -E '^\| (transition_walk|block_verify) \| greedy' $R/logs/kernel_floors.log | tr '\n' ' ')"

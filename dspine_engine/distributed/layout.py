@@ -30,12 +30,14 @@ def check_layout(size: int, cfg: TargetConfig, quantized: bool, device: torch.de
 
     if size == 1:
         return
-    if device.type == "cuda":
+    if device.type == "cuda" and os.environ.get("DSPINE_TP_CUDA", "0") != "1":
         # The code is written for NCCL (backend and device per rank), but it has not run on
-        # several GPUs yet: refused rather than shipped untested (docs/DECISIONS.md).
+        # several GPUs yet: refused rather than shipped untested (docs/DECISIONS.md). The first
+        # multi-GPU runs (its GPU tests, benchmarks/tp_bench.py) ask for it with DSPINE_TP_CUDA=1.
         raise ValueError("tensor_parallel_size > 1 runs on the CPU (gloo) in this version; "
                          "multi-GPU tensor parallelism (NCCL) has not been run yet; use "
-                         "device='cpu' or tensor_parallel_size=1")
+                         "device='cpu' or tensor_parallel_size=1 (DSPINE_TP_CUDA=1 runs it "
+                         "anyway, for its first tests)")
     if quantized:
         raise ValueError("tensor_parallel_size > 1 cannot shard a quantised GGUF target (its "
                          "blocks run as packed tiles); pass dtype='float32' to shard the "
