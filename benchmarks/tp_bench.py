@@ -22,7 +22,8 @@ measured in the same run).
     python benchmarks/tp_bench.py --device cuda --tp 1 2 4 --batches 1 8 32 --draft
                                                         # GPUs, NCCL: the Qwen3-8B shape
 
-Writes DIR/tp_<device>.json and updates the "tp-<device>" table in docs/BENCHMARKS.md.
+Writes DIR/tp_<device>.json and updates the "tp-<device>" table in docs/BENCHMARKS.md (not with
+--no-doc).
 """
 from __future__ import annotations
 
@@ -194,6 +195,7 @@ def parse_args(argv=None):
     p.add_argument("--workdir", default=None, help="where the random checkpoints go (default: "
                    "a temporary directory)")
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--no-doc", action="store_true", help="leave docs/BENCHMARKS.md as it is")
     return p.parse_args(argv)
 
 
@@ -274,7 +276,8 @@ def main(argv=None) -> int:
               + (f", a {draft_spec['num_layers']}-layer DSpine draft of {draft_bytes / 1e9:.2f} GB"
                  ", 16-token rounds" if args.draft else ", autoregressive")
               + f"); {args.tokens} new tokens a request; medians of {args.trials} trials.")
-    update_doc_section(f"tp-{args.device}", table, info)
+    if not args.no_doc:
+        update_doc_section(f"tp-{args.device}", table, info)
     print(table)
     return 0
 

@@ -11,6 +11,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import cpu_attention  # noqa: E402
 import step_table  # noqa: E402
+import tp_bench  # noqa: E402
 from random_drafts import write_tiny_random_draft  # noqa: E402
 
 TIMES = ("draft_ms", "verify_ms", "block_verify_ms", "round_ms", "floor_ms", "floor_kv_ms",
@@ -148,3 +149,21 @@ def test_cpu_attention_times_ours_and_sdpa_on_the_same_answer(tmp_path, capsys):
     for row in result["rows"]:
         assert row["ours_us"] > 0 and row["sdpa_us"] > 0 and row["rel_err_vs_sdpa"] < 1e-5
     assert "| mode | batch |" in capsys.readouterr().out
+
+
+def test_tp_bench_on_the_cpu(tmp_path, capsys):
+    """benchmarks/tp_bench.py end to end at its smallest: the random checkpoint and draft it
+    writes load through the engine at TP 1 and 2 (gloo), speculative rounds run, the two sizes
+    answer alike, and the all-reduce of a round's rows is timed for TP 2."""
+    assert tp_bench.main(["--tp", "1", "2", "--batches", "2", "--tokens", "4", "--trials", "1",
+                          "--draft", "--workdir", str(tmp_path / "work"), "--out",
+                          str(tmp_path), "--no-doc"]) == 0
+    result = json.loads((tmp_path / "tp_cpu.json").read_text())
+    rows = {r["tp"]: r for r in result["rows"]}
+    assert set(rows) == {1, 2} and all(r["batch"] == 2 for r in rows.values())
+    assert all(r["identical"] and r["tokens_per_second"] > 0 and r["steps"] > 0
+               for r in rows.values())
+    assert rows[1]["step_allreduce_ms"] == 0 and rows[2]["step_allreduce_ms"] > 0
+    assert result["target_bytes"] > 0 and result["draft_bytes"] > 0
+    assert "| 2 | 2 |" in capsys.readouterr().out
+
