@@ -163,19 +163,26 @@ def draft_config(target: TargetConfig, spec: dict) -> DraftConfig:
         sliding_window=spec["sliding_window"], transition_rank=spec["transition_rank"])
 
 
-def build_draft(target: TargetModel, spec: dict, seed: int = 1) -> DSpineDraft:
-    """A DSpine draft bound to the target. Built on the meta device and materialised on the
-    target's device, so its ~1.4B parameters skip the host-side fp32 init."""
+def random_draft(cfg: DraftConfig, device, dtype, seed: int = 1) -> DSpineDraft:
+    """A DSpine draft with random weights (norms at 1), unbound. Built on the meta device and
+    materialised on `device`, so its parameters (~1.4B at Qwen3-8B's shape) skip the host-side
+    fp32 init."""
     with torch.device("meta"):
-        draft = DSpineDraft(draft_config(target.config, spec))
-    draft = draft.to_empty(device=target.device).to(target.dtype).eval()
-    gen = torch.Generator(target.device).manual_seed(seed)
+        draft = DSpineDraft(cfg)
+    draft = draft.to_empty(device=device).to(dtype).eval()
+    gen = torch.Generator(device).manual_seed(seed)
     with torch.no_grad():
         for name, p in draft.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, WEIGHT_STD, generator=gen)
+    return draft
+
+
+def build_draft(target: TargetModel, spec: dict, seed: int = 1) -> DSpineDraft:
+    """A random DSpine draft bound to the target."""
+    draft = random_draft(draft_config(target.config, spec), target.device, target.dtype, seed)
     draft.bind(target.embed, target.lm_head, target.config, target.lm_head_dense)
     return draft
 

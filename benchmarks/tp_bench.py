@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import RESULTS, markdown_table, run_info, save_json, update_doc_section  # noqa: E402
 from step_table import (DSPINE_5L, QWEN3_8B, TINY_DRAFT, RandomWeights,  # noqa: E402
-                        draft_config, measure_bandwidth)
+                        draft_config, measure_bandwidth, random_draft)
 
 # The CPU's shape: small enough for 2 shared cores, 8 layers deep so the all-reduces add up.
 SMALL = dict(QWEN3_8B, vocab_size=49152, hidden_size=512, intermediate_size=1536,
@@ -101,19 +101,8 @@ def write_random_target(out: Path, shape: dict, dtype, device) -> Path:
 
 def write_random_draft(out: Path, shape: dict, spec: dict, dtype, device) -> Path:
     from dspine_engine.models.config import TargetConfig
-    from dspine_engine.models.dspine import DSpineDraft
 
-    with torch.device("meta"):
-        draft = DSpineDraft(draft_config(TargetConfig.from_dict(shape), spec))
-    draft = draft.to_empty(device=device)
-    gen = torch.Generator(device).manual_seed(1)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    draft.save(out, dtype)
+    random_draft(draft_config(TargetConfig.from_dict(shape), spec), device, dtype).save(out, dtype)
     return out
 
 
