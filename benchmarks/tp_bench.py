@@ -41,6 +41,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
 from common import RESULTS, markdown_table, run_info, save_json, update_doc_section  # noqa: E402
 from step_table import (DSPINE_5L, QWEN3_8B, TINY_DRAFT, RandomWeights,  # noqa: E402
                         draft_config, measure_bandwidth, random_draft)
@@ -50,7 +51,6 @@ SMALL = dict(QWEN3_8B, vocab_size=49152, hidden_size=512, intermediate_size=1536
              num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
              max_position_embeddings=1024)
 SHAPES = {"small": (SMALL, TINY_DRAFT), "qwen3-8b": (QWEN3_8B, DSPINE_5L)}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 PROMPTS = ["Explain tensor parallelism.", "Write a poem about the sea.", "def quicksort(xs):",
            "List five prime numbers:", "Summarise the plot of Hamlet.", "Why is the sky blue?",
            "Translate 'good morning' into French.", "What is a KV cache?"]
@@ -77,7 +77,7 @@ class _Recorder:
 def write_random_target(out: Path, shape: dict, dtype, device) -> Path:
     """config.json, random weights (drawn on `device`, saved in `dtype`) and the default model's
     tokenizer in `out`."""
-    import shutil
+    from tiny_models import copy_tokenizer
 
     from dspine_engine.models.config import TargetConfig
     from dspine_engine.models.default_model import default_model_dir
@@ -92,10 +92,7 @@ def write_random_target(out: Path, shape: dict, dtype, device) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_checkpoint(tensors, out, max_shard_bytes=4 << 30)
     (out / "config.json").write_text(json.dumps(dict(shape, model_type="qwen3"), indent=2))
-    tokenizer_dir = default_model_dir(progress=False)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copy(tokenizer_dir / name, out / name)
+    copy_tokenizer(default_model_dir(progress=False), out)
     return out
 
 

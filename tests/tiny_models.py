@@ -31,7 +31,7 @@ def write_tiny_model(out: Path, flavour: str, tokenizer_dir: Path, seed: int = 0
             if name.endswith("norm.weight") or name.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(out)
-    _copy_tokenizer(tokenizer_dir, out)
+    copy_tokenizer(tokenizer_dir, out)
     return Path(out)
 
 
@@ -69,11 +69,11 @@ def write_tiny_hybrid(out: Path, flavour: str, tokenizer_dir: Path, seed: int = 
             if "norm" in name or name.endswith("dt_bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(out)
-    _copy_tokenizer(tokenizer_dir, out)
+    copy_tokenizer(tokenizer_dir, out)
     return Path(out)
 
 
-def _copy_tokenizer(tokenizer_dir: Path, out: Path) -> None:
+def copy_tokenizer(tokenizer_dir: Path, out: Path) -> None:
     for name in TOKENIZER_FILES:
         src = Path(tokenizer_dir) / name
         if src.is_file():
