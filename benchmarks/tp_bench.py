@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests"))
 from common import RESULTS, markdown_table, run_info, save_json, update_doc_section  # noqa: E402
+from dspine_engine.engine.engine import resolve_dtype  # noqa: E402
 from step_table import (DSPINE_5L, QWEN3_8B, TINY_DRAFT, RandomWeights,  # noqa: E402
                         draft_config, measure_bandwidth, random_draft)
 
@@ -185,10 +186,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build_engines(args, target_dir: Path, draft_dir: Path | None) -> dict:
+def build_engines(args, target_dir: Path, draft_dir: Path | None, dtype) -> dict:
     from dspine_engine import Engine
 
-    dtype = "float32" if args.device == "cpu" else "bfloat16"
     max_batch = max(args.batches)
     kv_tokens = max_batch * (128 + args.tokens + 32) + 1024  # prompts, answers, one block
     return {tp: Engine(target_dir, draft=draft_dir, device=args.device, dtype=dtype,
@@ -202,13 +202,13 @@ def main(argv=None) -> int:
     shape_name = args.shape or ("small" if args.device == "cpu" else "qwen3-8b")
     shape, draft_spec = SHAPES[shape_name]
     device = torch.device(args.device)
-    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    dtype = resolve_dtype(None, device)  # the engine's own: fp32 on the CPU, bf16 on CUDA
     info = run_info(args.device)  # before any engine: the thread count it names is every core
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tp-bench-"))
     target_dir = write_random_target(work / "target", shape, dtype, device)
     draft_dir = (write_random_draft(work / "draft", shape, draft_spec, dtype, device)
                  if args.draft else None)
-    engines = build_engines(args, target_dir, draft_dir)
+    engines = build_engines(args, target_dir, draft_dir, dtype)
     ceilings = measure_bandwidth(device) if args.device == "cuda" else {}
     target_bytes = weight_bytes(target_dir)
     draft_bytes = weight_bytes(draft_dir) if draft_dir else 0
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
         for r in rows])
     table += (f"\n\nShape {shape_name} ({target_bytes / 1e9:.2f} GB of target weights"
               + (f", a {draft_spec['num_layers']}-layer DSpine draft of {draft_bytes / 1e9:.2f} GB"
-                 ", 16-token rounds" if args.draft else ", autoregressive")
+                 f", {rows_per_seq}-token rounds" if args.draft else ", autoregressive")
               + f"); {args.tokens} new tokens a request; medians of {args.trials} trials.")
     if not args.no_doc:
         update_doc_section(f"tp-{args.device}", table, info)

@@ -166,4 +166,3 @@ def test_tp_bench_on_the_cpu(tmp_path, capsys):
     assert rows[1]["step_allreduce_ms"] == 0 and rows[2]["step_allreduce_ms"] > 0
     assert result["target_bytes"] > 0 and result["draft_bytes"] > 0
     assert "| 2 | 2 |" in capsys.readouterr().out
-
