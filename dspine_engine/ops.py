@@ -137,7 +137,9 @@ def rope_ref(x, positions, cos_sin, norm=None, eps: float = 0.0):
 
 def write_kv_ref(k, v, positions, cos_sin, k_cache, v_cache, slots, k_norm=None,
                  eps: float = 0.0) -> None:
-    keep = slots >= 0  # padding rows (slot < 0) are neither written nor rotated
+    # Padding rows (slot < 0) are neither written nor rotated; a slot past the cache is skipped
+    # as the CUDA op skips it (it cannot refuse one without a host sync; the CPU op refuses).
+    keep = (slots >= 0) & (slots < k_cache.shape[0] * k_cache.shape[1])
     k, v = k[keep], v[keep]
     if k_norm is not None:
         k = rms_norm_ref(k, k_norm, eps)
