@@ -7,7 +7,8 @@
 // (query, head of the GQA group) pairs exactly as in the mma.sync kernel (cta_work is shared):
 //   warpgroup 0  producer: Q once, then K and V tiles of 128 keys into two rings of kStages
 //                stages (K_{i+1} before V_i, the order the consumers need them). Copies are
-//                cp.async, 16 bytes each, one page-table lookup per key row: a 128-key tile
+//                cp.async, 16 bytes each, one page-table read per thread and tile (its 8 or
+//                16 key rows lie on one page; KeyRun in attention.cuh): a 128-key tile
 //                spans 8 pages at the engine's page size of 16, so a TMA box (one page, 16 rows)
 //                would need 8 descriptors' worth of issues per tile and could not zero-fill keys
 //                outside the visible range without reading them (see docs/KERNELS.md, "Hopper
@@ -74,6 +75,8 @@ struct Sm90Tile {
   static constexpr int kStages = D <= 64 ? 4 : 3;
   static constexpr int kThreads = 3 * 128;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kRunKeys = key_run_length(kBlockN, kChunks, 128);  // per producer thread
+  static_assert(kRunKeys > 0, "the producer's 128 threads cover a tile in runs");
   // setmaxnreg budgets: 128 x 56 + 256 x 224 = 64512 <= 65536 registers of the SM (one CTA/SM).
   // At 40 the producer spilled 12-16 bytes (its cp.async address math); 56 compiles with none.
   static constexpr int kProducerRegs = 56;
@@ -141,25 +144,27 @@ __device__ __forceinline__ void wgmma_wait(TC& c) {
   cute::warpgroup_fence_operand(c);
 }
 
-// Producer: one K or V tile (`cache`) into its stage, 16-byte cp.async per (key row, chunk),
-// zero-filled outside the CTA's visible keys (never read, so freed pages may be -1 there).
+// Producer: thread tid copies 16-byte chunk tid % kChunks of the kRunKeys consecutive key rows
+// starting at (tid / kChunks) * kRunKeys of a tile; their offsets come from one table read
+// (KeyRun), made before the stage's `empty` wait and shared by the tile's K and V loads.
+template <typename C>
+__device__ __forceinline__ KeyRun<C::kRunKeys> sm90_key_run(const PagedAttentionParams& p, const CtaWork& w,
+                                                           const int32_t* table, int tile, int tid) {
+  return KeyRun<C::kRunKeys>(table, tile * C::kBlockN + tid / C::kChunks * C::kRunKeys, p, w, C::kD);
+}
+
+// One K or V tile (`cache`) into its stage, zero-filled outside the CTA's visible keys.
 template <typename C, class TS>
 __device__ __forceinline__ void sm90_load_tile(TS& dst, const void* cache, const PagedAttentionParams& p,
-                                               const CtaWork& w, int tile, int stage, int tid) {
+                                               const CtaWork& w, const int32_t* table,
+                                               const KeyRun<C::kRunKeys>& run, int stage, int tid) {
   using T = typename C::Elem;
   const T* src = static_cast<const T*>(cache);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
-  // Thread tid copies chunk tid % kChunks of rows tid / kChunks + k * (128 / kChunks): one page
-  // lookup per row it touches, consecutive threads on consecutive 16-byte chunks of a row.
-  constexpr int kRowsPerPass = 128 / C::kChunks;
-  const int ch = tid % C::kChunks;
-#pragma unroll 4
-  for (int r = tid / C::kChunks; r < C::kBlockN; r += kRowsPerPass) {
-    const int kp = tile * C::kBlockN + r;
-    const int64_t off =
-        (kp >= w.key_lo && kp <= w.key_hi) ? kv_offset(table, kp, p, w.page_shift, w.kvh, C::kD) : -1;
-    const bool valid = off >= 0;
-    cp_async_16(&dst(r, ch * 8, stage), valid ? src + off + ch * 8 : src, valid);
+  const int ch = tid % C::kChunks, r0 = tid / C::kChunks * C::kRunKeys;
+#pragma unroll
+  for (int k = 0; k < C::kRunKeys; ++k) {
+    const int64_t off = run.offset(k, table, p, w, C::kD);
+    cp_async_16(&dst(r0 + k, ch * 8, stage), off >= 0 ? src + off + ch * 8 : src, off >= 0);
   }
 }
 
@@ -253,24 +258,29 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
       cp_async_wait<0>();  // no copy outlives the CTA; no consumer waits for Q
       return;
     }
+    const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
     Sm90Announcer announce;
     announce.pending = q_full;
-    sm90_load_tile<C>(sK, p.k_cache, p, w, w.tile_begin, 0, tid);
+    KeyRun<C::kRunKeys> run = sm90_key_run<C>(p, w, table, w.tile_begin, tid);  // tile i's rows
+    sm90_load_tile<C>(sK, p.k_cache, p, w, table, run, 0, tid);
     cp_async_commit();
     announce.issued(&full_k[0]);
     for (int i = 0; i < n_tiles; ++i) {
+      KeyRun<C::kRunKeys> next = run;
       if (i + 1 < n_tiles) {
+        next = sm90_key_run<C>(p, w, table, w.tile_begin + i + 1, tid);  // read before the wait
         const int stage = (i + 1) % C::kStages;
         Bar::wait(&empty_k[stage], use_parity(i + 1) ^ 1);
-        sm90_load_tile<C>(sK, p.k_cache, p, w, w.tile_begin + i + 1, stage, tid);
+        sm90_load_tile<C>(sK, p.k_cache, p, w, table, next, stage, tid);
         cp_async_commit();
         announce.issued(&full_k[stage]);
       }
       const int stage = i % C::kStages;
       Bar::wait(&empty_v[stage], use_parity(i) ^ 1);
-      sm90_load_tile<C>(sV, p.v_cache, p, w, w.tile_begin + i, stage, tid);
+      sm90_load_tile<C>(sV, p.v_cache, p, w, table, run, stage, tid);
       cp_async_commit();
       announce.issued(&full_v[stage]);
+      run = next;
     }
     announce.finish();
   } else {
