@@ -14,7 +14,9 @@
 #
 # Knobs: ARCHS (90a; "80;90a" for both), TEST_FILES (tests/test_kernels_gpu.py), TEST_K (pytest
 # -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, 45 s), MEMCHECK_K (pytest -k of
-# the memcheck run; empty skips it), MEMCHECK_S (60 s).
+# the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest:
+# "prefill" the sm90 kernel against mma.sync and cuDNN, "attention" decode and verify blocks on
+# Qwen3-8B heads at 8K, "ncu" one profiled launch of the sm90 prefill kernel at 8K; 60 s each).
 set -u
 O=${OUT:-$PWD/quick_out}; mkdir -p "$O"
 t0=$(date +%s); say() { echo "[quick $(( $(date +%s) - t0 ))s] $*"; }
@@ -43,3 +45,19 @@ if [ -n "$MEMCHECK_K" ]; then
     tests/test_kernels_gpu.py -k "($MEMCHECK_K) and not outside_the_table" > "$O/memcheck.log" 2>&1
   say "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed|failed' "$O/memcheck.log" | tail -2 | tr '\n' ' ')"
 fi
+# Issue 12's kernel measurements, one side-by-side table each (kernel_bench.py, files in $O).
+bench() {  # name, then kernel_bench.py's arguments
+  local name=$1; shift
+  LD_PRELOAD=$CXX_LIB timeout 60 python3 benchmarks/kernel_bench.py --attention-only "$@" --out "$O/$name" > "$O/$name.log" 2>&1
+  say "$name rc $?"; grep -E '^\| (shape|Qwen|Smol)' "$O/$name.log" | cut -d'|' -f2-8,11-17
+}
+for b in ${BENCH:-}; do case $b in
+  prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare ;;
+  attention) bench attention --modes decode verify --shapes Qwen3-8B --ctxs 8192 --batches 1 8 32 ;;
+  ncu) LD_PRELOAD=$CXX_LIB timeout 60 ncu --set full --kernel-name regex:paged_attention_sm90 --launch-skip 3 \
+         --launch-count 1 -o "$O/sm90_prefill" python3 benchmarks/kernel_bench.py --attention-only --modes prefill \
+         --shapes Qwen3-8B --ctxs 8192 --sm90 on --out "$O/ncu_bench" > "$O/ncu.log" 2>&1
+       say "ncu rc $?"; ncu --import "$O/sm90_prefill.ncu-rep" --page details > "$O/ncu_details.txt" 2>&1
+       grep -E 'Duration|Issue Slots Busy|Warp Cycles Per Issued' "$O/ncu_details.txt" ;;
+  *) say "BENCH: unknown word $b (prefill, attention, ncu)" ;;
+esac; done
