@@ -579,6 +579,10 @@ SM90_CASES = [
     ("odd_page_40_gqa5_hd128", [131], [131 + 257], 10, 2, 128, 40, True, 0),
     ("with_empty_sequence", [3, 0, 129], [10, 20, 129], 4, 1, 128, 16, True, 0),
     ("bidir_block_gqa6_hd64", [100, 37], [300, 37], 12, 2, 64, 16, False, 0),
+    # The producer's runs of consecutive keys (KeyRun): 8 keys a run at head dim 64, exactly a
+    # page of 8 (one table read); 16 at head dim 128, longer than a page of 8 (a read per key).
+    ("page_8_run_of_a_page_hd64", [150], [150 + 300], 4, 2, 64, 8, True, 0),
+    ("page_8_shorter_than_run_hd128", [140], [140 + 200], 8, 2, 128, 8, True, 0),
 ]
 
 
