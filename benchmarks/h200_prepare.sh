@@ -13,6 +13,7 @@
 # h200_branches.sh): each branch's tree (without the drafter shards and benchmark results) in
 # .stage_branches/<name>/, carried by the last stage call.
 # Nothing here is committed: .whl/ and .stage*/ are ignored by git.
+# `bash benchmarks/h200_prepare.sh wheels` fetches only the wheels benchmarks/h200_quick.sh carries.
 #
 # SLIM=1: the shipped drafter's shards (38 MiB of the 43 MiB tree) travel in the payload instead
 # of with every call: they are taken out of git's index (still on disk, ignored through
@@ -23,6 +24,17 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 SHIPPED=dspine_engine/drafters/smollm2-135m-dspine
 EXCLUDE_LINE="/$SHIPPED/*.safetensors"
+# The wheels h200_quick.sh carries (what its one call needs, ~6.6 MB): gguf; CUTLASS/CuTe headers
+# (setup.py builds the sm90 attention kernel with them; installed into /root/site with the other
+# .whl/*.whl, where setup.py finds cutlass_library on PYTHONPATH); pytest-timeout, a per-test
+# limit, so a hung kernel fails its test instead of the whole call.
+quick_wheels() {
+  mkdir -p .whl
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl gguf==0.19.0 nvidia-cutlass==4.2.0.0
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl pytest-timeout==2.4.0
+}
+if [ "${1:-}" = wheels ]; then quick_wheels; ls .whl/*.whl; exit 0; fi
 if [ "${1:-}" = restore ]; then
   git reset -q -- "$SHIPPED"
   grep -vxF "$EXCLUDE_LINE" .git/info/exclude > .git/info/exclude.new || true
@@ -45,12 +57,7 @@ GGUF=${DSPINE_SMOLLM2_GGUF:-$(python3 -c "from dspine_engine.models.default_mode
 [ -f "$GGUF" ] || GGUF=$(ls ~/.cache/dspine_engine/gguf/*.gguf | head -1)
 
 mkdir -p .whl/datasets
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl gguf==0.19.0
-# CUTLASS/CuTe headers (6 MB): setup.py builds the sm90 attention kernel with them; installed into
-# /root/site with the other .whl/*.whl, where setup.py finds cutlass_library on PYTHONPATH.
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl nvidia-cutlass==4.2.0.0
+quick_wheels
 # The server's extras (fastapi, uvicorn, ...), so the serve benchmark runs there too (~4 MB).
 # Downloaded afresh: an older session's wheels beside the new ones (two versions of one
 # package) make the install there refuse the whole set, and the serve benchmark then fails.
@@ -61,9 +68,6 @@ python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implement
 # py-spy, to profile a generator rank on the GPU machine (its host-bound step).
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl py-spy
-# pytest-timeout: a per-test limit on the GPU runs (h200_quick.sh), so a hung kernel fails its
-# test instead of the whole call.
-python3 -m pip download -q --no-deps --only-binary=:all: -d .whl pytest-timeout==2.4.0
 python3 -c "from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; humaneval_prompts(); mtbench_prompts()"
 cp ~/.cache/dspine_engine/datasets/*.whl .whl/datasets/
 

@@ -8,6 +8,7 @@
 # tiny models borrow its tokenizer) would try to fetch it and fail, so they are not in the
 # default TEST_FILES; they run in h200_session.sh gputest after the stage calls.
 #
+#   here:  bash benchmarks/h200_prepare.sh wheels     (the three wheels into .whl/)
 #   carry: .whl/nvidia_cutlass-4.2.0.0-py3-none-any.whl .whl/gguf-0.19.0-py3-none-any.whl
 #          .whl/pytest_timeout-2.4.0-py3-none-any.whl
 #   bash benchmarks/h200_quick.sh                                              ~6-7 min
