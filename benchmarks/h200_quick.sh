@@ -17,7 +17,8 @@
 # -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, 45 s), MEMCHECK_K (pytest -k of
 # the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest:
 # "prefill" the sm90 kernel against mma.sync and cuDNN, "attention" decode and verify blocks on
-# Qwen3-8B heads at 8K, "ncu" one profiled launch of the sm90 prefill kernel at 8K; 60 s each).
+# Qwen3-8B heads at 8K, "ncu" one profiled launch of the sm90 prefill kernel at 8K, "ncu-walk" one
+# of the walk's top-k kernel at batch 32; 60-90 s each).
 set -u
 O=${OUT:-$PWD/quick_out}; mkdir -p "$O"
 t0=$(date +%s); say() { echo "[quick $(( $(date +%s) - t0 ))s] $*"; }
@@ -52,13 +53,19 @@ bench() {  # name, then kernel_bench.py's arguments
   LD_PRELOAD=$CXX_LIB timeout 60 python3 benchmarks/kernel_bench.py --attention-only "$@" --out "$O/$name" > "$O/$name.log" 2>&1
   say "$name rc $?"; grep -E '^\| (shape|Qwen|Smol)' "$O/$name.log" | cut -d'|' -f2-8,11-17
 }
+profile() {  # name, kernel name regex, then kernel_bench.py's arguments: one launch, ncu --set full
+  local name=$1 kernel=$2; shift 2
+  LD_PRELOAD=$CXX_LIB timeout 90 ncu --set full --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 \
+    -o "$O/$name" python3 benchmarks/kernel_bench.py "$@" --out "$O/ncu_$name" > "$O/ncu_$name.log" 2>&1
+  say "ncu $name rc $?"; ncu --import "$O/$name.ncu-rep" --page details > "$O/ncu_${name}_details.txt" 2>&1
+  ncu --import "$O/$name.ncu-rep" --page source --print-source sass --csv > "$O/ncu_${name}_sass.csv" 2>&1
+  grep -E '^  [a-z_ ].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput' "$O/ncu_${name}_details.txt"
+}
 for b in ${BENCH:-}; do case $b in
   prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare ;;
   attention) bench attention --modes decode verify --shapes Qwen3-8B --ctxs 8192 --batches 1 8 32 ;;
-  ncu) LD_PRELOAD=$CXX_LIB timeout 60 ncu --set full --kernel-name regex:paged_attention_sm90 --launch-skip 3 \
-         --launch-count 1 -o "$O/sm90_prefill" python3 benchmarks/kernel_bench.py --attention-only --modes prefill \
-         --shapes Qwen3-8B --ctxs 8192 --sm90 on --out "$O/ncu_bench" > "$O/ncu.log" 2>&1
-       say "ncu rc $?"; ncu --import "$O/sm90_prefill.ncu-rep" --page details > "$O/ncu_details.txt" 2>&1
-       grep -E 'Duration|Issue Slots Busy|Warp Cycles Per Issued' "$O/ncu_details.txt" ;;
-  *) say "BENCH: unknown word $b (prefill, attention, ncu)" ;;
+  ncu) profile sm90_prefill paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
+         --ctxs 8192 --sm90 on ;;
+  ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
+  *) say "BENCH: unknown word $b (prefill, attention, ncu, ncu-walk)" ;;
 esac; done
