@@ -18,7 +18,8 @@
 # the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest:
 # "prefill" the sm90 kernel against mma.sync and cuDNN, "attention" decode and verify blocks on
 # Qwen3-8B heads at 8K, "ncu" one profiled launch of the sm90 prefill kernel at 8K, "ncu-walk" one
-# of the walk's top-k kernel at batch 32; 60-90 s each).
+# of the walk's top-k kernel at batch 32, "walk-splits" the walk floor with its rows sliced 1, 2, 4
+# and 8 ways (DSPINE_WALK_SPLITS); 60-180 s each).
 set -u
 O=${OUT:-$PWD/quick_out}; mkdir -p "$O"
 t0=$(date +%s); say() { echo "[quick $(( $(date +%s) - t0 ))s] $*"; }
@@ -67,5 +68,11 @@ for b in ${BENCH:-}; do case $b in
   ncu) profile sm90_prefill paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
          --ctxs 8192 --sm90 on ;;
   ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
-  *) say "BENCH: unknown word $b (prefill, attention, ncu, ncu-walk)" ;;
+  walk-splits)  # the walk's top-k pass with rows sliced n ways (480 rows at batch 32 = 3.6 per SM:
+    for n in 1 2 4 8; do  # does a second, partial wave of CTAs cost it half its bandwidth?)
+      DSPINE_WALK_SPLITS=$n LD_PRELOAD=$CXX_LIB timeout 45 python3 benchmarks/kernel_bench.py --sampling-only \
+        --out "$O/walk_splits_$n" > "$O/walk_splits_$n.log" 2>&1
+      say "walk splits $n rc $?: $(grep -E '^\| transition_walk \| greedy \| 32' "$O/walk_splits_$n.log")"
+    done ;;
+  *) say "BENCH: unknown word $b (prefill, attention, ncu, ncu-walk, walk-splits)" ;;
 esac; done
