@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .row_blocks import chunked_matmul, rows_per_call
+
 
 class Dense:
     """``y = x @ W^T + b`` for a checkpoint weight ``W [out, in]``."""
@@ -28,7 +30,10 @@ class Dense:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.transposed:
             return F.linear(x, self.weight, self.bias)
-        if self.bias is not None and x.dim() == 2:
-            return torch.addmm(self.bias, x, self.weight)
-        y = x @ self.weight
-        return y + self.bias if self.bias is not None else y
+        # Calls no larger than keep a row's value whatever rows share it (a decode step vs a
+        # verify block: row_blocks.py says why).
+        rows = x.reshape(-1, x.shape[-1])
+        y = chunked_matmul(rows, self.weight, rows_per_call(self.weight))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], y.shape[-1])
