@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dspine_engine.models.dense import Dense
-from dspine_engine.models.row_blocks import PROBE_ROWS, chunked_matmul, rows_per_call
+from dspine_engine.models.row_blocks import CANDIDATES, padded_matmul, row_block
 
 SHAPES = [(576, 960), (1536, 576), (576, 4099), (96, 100)]  # (in, out): SmolLM2-like and odd
 
@@ -26,16 +26,16 @@ def test_cpu_dense_row_is_the_same_whatever_rows_share_the_call(shape, dtype):
     assert torch.allclose(alone.float(), plain, rtol=tol, atol=tol * inp ** 0.5)
 
 
-def test_chunked_matmul_matches_one_call():
+def test_padded_matmul_pads_only_what_the_block_needs():
     torch.manual_seed(1)
     w, x = torch.randn(16, 8), torch.randn(7, 16)
-    for most in (0, 1, 3, 8):
-        got = chunked_matmul(x, w, most)
+    for block in (1, 4, 8):
+        got = padded_matmul(x, w, block)
         assert got.shape == (7, 8) and torch.allclose(got, x @ w, atol=1e-5)
-    assert chunked_matmul(x[:0], w, 3).shape == (0, 8)
+    assert padded_matmul(x[:0], w, 4).shape == (0, 8)
 
 
-def test_rows_per_call_is_probed_once_per_shape():
+def test_row_block_is_probed_once_per_shape():
     w = torch.empty(576, 960)
-    most = rows_per_call(w)
-    assert 0 <= most < PROBE_ROWS and rows_per_call(w) == most
+    block = row_block(w)
+    assert block in CANDIDATES and row_block(w) == block

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .row_blocks import chunked_matmul, rows_per_call
+from .row_blocks import padded_matmul, row_block
 
 
 class Dense:
@@ -30,10 +30,10 @@ class Dense:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.transposed:
             return F.linear(x, self.weight, self.bias)
-        # Calls no larger than keep a row's value whatever rows share it (a decode step vs a
-        # verify block: row_blocks.py says why).
+        # Rows padded to the library's row block keep their values whatever rows share the call
+        # (a decode step vs a verify block: row_blocks.py says why).
         rows = x.reshape(-1, x.shape[-1])
-        y = chunked_matmul(rows, self.weight, rows_per_call(self.weight))
+        y = padded_matmul(rows, self.weight, row_block(self.weight))
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], y.shape[-1])
