@@ -434,6 +434,70 @@ def block_verify_ref(logits, draft_tokens, cand_ids, cand_probs, temperature, to
 
 
 # --------------------------------------------------------------------------------------------
+# Dense GEMM with one reduction order per output (CPU only)
+# --------------------------------------------------------------------------------------------
+
+DENSE_PANEL = 64  # output columns of one packed panel (csrc/cpu/dense_gemm.h)
+
+
+def dense_pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A checkpoint weight ``W [N, K]`` laid out for `dense_matmul`: ``[ceil(N/64), K, 64]``
+    with ``packed[p, k, c] = W[64p + c, k]`` and zeros past N (one panel of 64 outputs is one
+    contiguous stream). ``out``: a contiguous tensor of that shape and dtype to pack into."""
+    n, k = weight.shape
+    panels = -(-n // DENSE_PANEL)
+    if panels * DENSE_PANEL != n:
+        weight = torch.cat([weight, weight.new_zeros(panels * DENSE_PANEL - n, k)])
+    packed = weight.view(panels, DENSE_PANEL, k).transpose(1, 2)
+    return packed.contiguous() if out is None else out.copy_(packed)
+
+
+def dense_unpack(weight: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The ``[out_features, K]`` weight a `dense_pack` table holds (a copy)."""
+    panels, k, width = weight.shape
+    return weight.transpose(1, 2).reshape(panels * width, k)[:out_features]
+
+
+def dense_matmul(x: torch.Tensor, weight: torch.Tensor, out_features: int,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x [..., K] @ W^T`` for a weight packed by `dense_pack`; x, the weight and the result of
+    one dtype (float32, bfloat16 or float16). Each output is, in fp32, one chain of fused
+    multiply-adds over k in order: ``acc = 0; for k: acc = fma(x[k], W[n, k], acc)``, then
+    rounded to the dtype (nearest even). So a row's result is bitwise independent of the other
+    rows of the call, of the threads and of the instruction set: a position's decode step and
+    its verify or prefill row agree, which lossless speculation needs. CPU only. ``out``: a
+    contiguous ``[..., out_features]`` tensor of x's dtype to write into (returned)."""
+    if out is not None:
+        return _ops.dense_matmul.out(x, weight, out_features, out=out)
+    return _ops.dense_matmul(x, weight, out_features)
+
+
+def fma_ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fp32 ``a * b + c`` rounded once, as a fused multiply-add (broadcasting). In float64 the
+    product is exact; the sum is rounded to odd (TwoSum gives its exact error; an inexact sum
+    with an even last bit steps one ulp towards the exact value), and a sum rounded to odd with
+    at least 2 bits more than fp32 (53 >= 24 + 2) rounds to fp32 as the exact value would."""
+    p = a.double() * b.double()
+    c = c.double()
+    s = p + c
+    t = s - p
+    err = (p - (s - t)) + (c - t)
+    even = (s.view(torch.int64) & 1) == 0
+    step = (err != 0) & even & torch.isfinite(s)
+    toward = torch.where(err > 0, torch.full_like(s, math.inf), torch.full_like(s, -math.inf))
+    return torch.where(step, torch.nextafter(s, toward), s).float()
+
+
+def dense_matmul_ref(x, weight, out_features):
+    w = dense_unpack(weight, out_features).float()
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    acc = torch.zeros(x2.shape[0], out_features)
+    for k in range(x2.shape[1]):
+        acc = fma_ref(x2[:, k, None], w[None, :, k], acc)
+    return acc.to(x.dtype).reshape(*x.shape[:-1], out_features)
+
+
+# --------------------------------------------------------------------------------------------
 # Quantised GEMV / small-M GEMM on GGUF blocks (CPU only)
 # --------------------------------------------------------------------------------------------
 
@@ -933,6 +997,10 @@ def _register_fakes() -> None:
     def _(logits, d, ci, cp, temp, tk, tp, u):
         b, t = logits.shape[:2]
         return logits.new_empty(b, dtype=torch.int32), logits.new_empty(b, t, dtype=torch.long)
+
+    @reg(lib + "dense_matmul")
+    def _(x, weight, out_features):
+        return x.new_empty(*x.shape[:-1], out_features)
 
     @reg(lib + "quant_matmul")
     def _(x, weight, format, out_features):
