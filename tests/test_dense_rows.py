@@ -1,16 +1,20 @@
-"""dspine_engine/models/dense.py + row_blocks.py: on the CPU a row's projection does not depend on
-the rows beside it (a decode step's one row vs the same row inside a verify block), which greedy
-speculative decoding needs to stay token-identical to autoregressive decoding."""
+"""dspine_engine/models/dense.py + ops.dense_matmul: on the CPU a row's projection does not depend
+on the rows beside it (a decode step's one row vs the same row inside a verify block or a
+prefill), which greedy speculative decoding needs to stay token-identical to autoregressive
+decoding. Torch's GEMM (MKL's sgemm) breaks this on an AMD EPYC (rows of multiples of 4 differ
+from calls of 1-3 rows): docs/DECISIONS.md."""
 import pytest
 import torch
 
+from dspine_engine import ops
 from dspine_engine.models.dense import Dense
-from dspine_engine.models.row_blocks import CANDIDATES, padded_matmul, row_block
 
 SHAPES = [(576, 960), (1536, 576), (576, 4099), (96, 100)]  # (in, out): SmolLM2-like and odd
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ISAS = ops._QUANT_ISAS[: ops._QUANT_ISAS.index(ops.quant_isa()) + 1]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_cpu_dense_row_is_the_same_whatever_rows_share_the_call(shape, dtype):
     torch.manual_seed(0)
@@ -26,16 +30,34 @@ def test_cpu_dense_row_is_the_same_whatever_rows_share_the_call(shape, dtype):
     assert torch.allclose(alone.float(), plain, rtol=tol, atol=tol * inp ** 0.5)
 
 
-def test_padded_matmul_pads_only_what_the_block_needs():
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cpu_dense_runs_the_row_invariant_kernel(dtype):
+    """Dense's CPU product is dense_matmul's order exactly (then the bias), not torch's GEMM."""
     torch.manual_seed(1)
-    w, x = torch.randn(16, 8), torch.randn(7, 16)
-    for block in (1, 4, 8):
-        got = padded_matmul(x, w, block)
-        assert got.shape == (7, 8) and torch.allclose(got, x @ w, atol=1e-5)
-    assert padded_matmul(x[:0], w, 4).shape == (0, 8)
+    w, b, x = torch.randn(70, 33).to(dtype), torch.randn(70).to(dtype), torch.randn(5, 33).to(dtype)
+    dense = Dense(w, b)
+    assert torch.equal(dense.checkpoint_weight, w)
+    assert torch.equal(dense(x), ops.dense_matmul_ref(x, dense.weight, 70) + b)
 
 
-def test_row_block_is_probed_once_per_shape():
-    w = torch.empty(576, 960)
-    block = row_block(w)
-    assert block in CANDIDATES and row_block(w) == block
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_kernel_row_is_the_row_alone_for_1_to_33_rows(shape, dtype, isa, threads, monkeypatch):
+    """ops.dense_matmul for every call of M = 1..33 rows gives each row the bits of that row
+    computed alone: every row group size and remainder of every instruction set, on one thread
+    and on two."""
+    monkeypatch.setenv("DSPINE_CPU_ISA", isa)
+    ops.set_cpu_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(2)
+        inp, out = shape
+        w = ops.dense_pack(torch.randn(out, inp, generator=g).to(dtype))
+        x = torch.randn(33, inp, generator=g).to(dtype)
+        alone = torch.cat([ops.dense_matmul(x[i:i + 1], w, out) for i in range(33)])
+        for m in range(1, 34):
+            assert torch.equal(ops.dense_matmul(x[:m], w, out), alone[:m]), f"{m} rows"
+            assert torch.equal(ops.dense_matmul(x[33 - m:], w, out), alone[33 - m:]), f"last {m} rows"
+    finally:
+        ops.set_cpu_threads(0)

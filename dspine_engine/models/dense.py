@@ -1,39 +1,54 @@
-"""Weights laid out for the fastest GEMM of their device.
+"""Weights laid out for the GEMM of their device.
 
-On the CPU, `x @ W^T` through F.linear runs MKL's transposed-B path, which is 2-3x slower than a
-plain `x @ Wt` with Wt stored [in, out] at the 1-16 rows a decode or verify step multiplies
-(measured: 49 vs 110 GFLOP/s at 8 rows, 110 vs 140 at 16, on 2 Xeon cores). So on the CPU weights
-are stored transposed; on CUDA, cuBLAS is indifferent and F.linear keeps the checkpoint layout.
+On the CPU the projections run our own GEMM (`ops.dense_matmul`, csrc/cpu/dense_gemm.h) on
+weights packed once into panels of 64 output columns (in huge pages: weight_arena.py). Why not
+torch's (MKL's): greedy speculative decoding is token-identical to autoregressive decoding only
+if a position's row gives the same bits in a one-row decode step and inside a verify block or a
+prefill, and MKL's sgemm is not row-invariant on every CPU (on an AMD EPYC rows of multiples of
+4 came out different from calls of 1-3 rows; padding every call to 4 rows made a decode step
+~3.5x slower). Ours computes each output as one chain of fused multiply-adds over k in order
+whatever rows share the call, and was faster than MKL from 1 to 256 rows on the shapes measured
+(docs/DECISIONS.md, "CPU dense GEMM of our own"). On CUDA, F.linear keeps the checkpoint layout.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
-from .row_blocks import padded_matmul, row_block
+from .. import ops
+from .weight_arena import weight_buffer
+
+CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # those ops.dense_matmul runs
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor:
+    """``weight [out, in]`` packed for ops.dense_matmul into a buffer of the weight arena."""
+    if weight.dtype not in CPU_DTYPES:
+        raise ValueError(f"a CPU projection must be one of {CPU_DTYPES}, got {weight.dtype}")
+    n, k = weight.shape
+    shape = (-(-n // ops.DENSE_PANEL), k, ops.DENSE_PANEL)
+    buffer = weight_buffer(math.prod(shape) * weight.element_size())
+    return ops.dense_pack(weight, out=buffer.view(weight.dtype).view(shape))
 
 
 class Dense:
     """``y = x @ W^T + b`` for a checkpoint weight ``W [out, in]``."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.transposed = weight.device.type == "cpu"
-        self.weight = weight.t().contiguous() if self.transposed else weight.contiguous()
+        self.packed = weight.device.type == "cpu"
+        self.weight = _packed(weight) if self.packed else weight.contiguous()
         self.bias = bias
         self.out_features = weight.shape[0]
 
     @property
     def checkpoint_weight(self) -> torch.Tensor:
-        """The weight in the checkpoint's [out, in] layout (a view, no copy)."""
-        return self.weight.t() if self.transposed else self.weight
+        """The weight in the checkpoint's [out, in] layout (on the CPU a copy, unpacked)."""
+        return ops.dense_unpack(self.weight, self.out_features) if self.packed else self.weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.transposed:
+        if not self.packed:
             return F.linear(x, self.weight, self.bias)
-        # Rows padded to the library's row block keep their values whatever rows share the call
-        # (a decode step vs a verify block: row_blocks.py says why).
-        rows = x.reshape(-1, x.shape[-1])
-        y = padded_matmul(rows, self.weight, row_block(self.weight))
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], y.shape[-1])
+        y = ops.dense_matmul(x, self.weight, self.out_features)
+        return y if self.bias is None else y + self.bias
