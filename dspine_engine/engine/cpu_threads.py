@@ -7,7 +7,9 @@ helper needs (and whose barrier waits a whole time slice for a worker that lost 
 shared machine). Where our kernels carry every projection (the quantised GGUF path) the engine
 runs torch's ops on one thread inside its steps and its kernels on ``cpu_threads``: measured
 on 2 cores, both the autoregressive step and the drafted round got faster (docs/DECISIONS.md,
-"CPU threads"). Where torch's matmuls carry the model (fp32 weights) torch keeps its threads.
+"CPU threads"). On the fp32 / bf16 path torch keeps its threads: torch's matmuls carried
+those models when this was measured; their projections are now ours too (csrc/cpu/
+dense_gemm.h), and whether one torch thread pays there is not measured yet (docs/DECISIONS.md).
 Outside a step the process's own settings are back: the scope restores both counts.
 """
 from __future__ import annotations
