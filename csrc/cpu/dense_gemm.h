@@ -67,8 +67,10 @@ void run_panels(Isa isa, const float* x, int64_t m, int64_t k, const T* w, int64
     for (int64_t r0 = 0; r0 < m; r0 += group) {
       const int rows = static_cast<int>(std::min<int64_t>(group, m - r0));
       // fp32 outputs of a full panel are written in place; others go through `partial`.
-      const bool direct = std::is_same<T, float>::value && cols == kPanel;
-      float* out = direct ? reinterpret_cast<float*>(y) + r0 * n + col : partial;
+      float* out = partial;
+      if constexpr (std::is_same<T, float>::value)
+        if (cols == kPanel) out = y + r0 * n + col;
+      const bool direct = out != partial;
       run_panel(isa, PanelArgs<T>{x + r0 * k, k, w + p * k * kPanel, k, out, direct ? n : kPanel, r0 == 0},
                 rows);
       if (!direct)
