@@ -29,14 +29,13 @@ def test_scope_sets_the_counts_and_restores_them():
 
 def test_engine_setting_env_and_defaults(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert CpuThreads.for_engine(cuda, 4, quantized=False) is None  # CUDA: nothing changes
+    assert CpuThreads.for_engine(cuda, 4) is None  # CUDA: nothing changes
     monkeypatch.delenv(ENV, raising=False)
-    default = CpuThreads.for_engine(cpu, None, quantized=True)
+    default = CpuThreads.for_engine(cpu, None)
     assert (default.kernels, default.torch_ops) == (torch.get_num_threads(), 1)
-    assert CpuThreads.for_engine(cpu, None, quantized=False).torch_ops is None  # fp32 matmuls
     monkeypatch.setenv(ENV, "3")
-    assert CpuThreads.for_engine(cpu, None, quantized=True).kernels == 3
-    assert CpuThreads.for_engine(cpu, 5, quantized=True).kernels == 5  # the setting wins
+    assert CpuThreads.for_engine(cpu, None).kernels == 3
+    assert CpuThreads.for_engine(cpu, 5).kernels == 5  # the setting wins
 
 
 def record_step_counts(engine) -> list:

@@ -75,8 +75,8 @@ class EngineConfig:
     # N - 1 worker processes (the layout is checked against the target before they start).
     tensor_parallel_size: int = 1
     # Threads of the engine's own CPU kernels (None: $DSPINE_CPU_THREADS, else torch's thread
-    # count at start-up). On the GGUF path torch's small ops between them run on one thread
-    # during the engine's steps (engine/cpu_threads.py says why). Outputs never depend on it.
+    # count at start-up). Torch's small ops between them run on one thread during the
+    # engine's steps (engine/cpu_threads.py says why). Outputs never depend on it.
     cpu_threads: int | None = None
 
     # Derived from the models by derive(); not arguments.

@@ -4,13 +4,12 @@ Two thread pools share the cores during a CPU step: our kernels run on the chunk
 (csrc/cpu/chunk_pool.h), the small torch ops between them (silu, mul, cat, index, argmax) on
 torch's OpenMP team, whose workers spin after every region and take the core a chunk-pool
 helper needs (and whose barrier waits a whole time slice for a worker that lost its core on a
-shared machine). Where our kernels carry every projection (the quantised GGUF path) the engine
-runs torch's ops on one thread inside its steps and its kernels on ``cpu_threads``: measured
-on 2 cores, both the autoregressive step and the drafted round got faster (docs/DECISIONS.md,
-"CPU threads"). On the fp32 / bf16 path torch keeps its threads: torch's matmuls carried
-those models when this was measured; their projections are now ours too (csrc/cpu/
-dense_gemm.h), and whether one torch thread pays there is not measured yet (docs/DECISIONS.md).
-Outside a step the process's own settings are back: the scope restores both counts.
+shared machine). Our kernels carry every projection on the CPU (the quantised GGUF path's and,
+since 2026-12-06, the fp32 / bf16 / fp16 ones: csrc/cpu/dense_gemm.h), so the engine runs
+torch's ops on one thread inside its steps and its kernels on ``cpu_threads``: measured on 2
+cores, the drafted rounds got faster on both paths and the autoregressive step on GGUF, with
+fp32's within the noise (docs/DECISIONS.md, "CPU threads"). Outside a step the process's own
+settings are back: the scope restores both counts.
 """
 from __future__ import annotations
 
@@ -51,16 +50,15 @@ class CpuThreads:
         self.kernels, self.torch_ops = kernels, torch_ops
 
     @classmethod
-    def for_engine(cls, device: torch.device, setting: int | None,
-                   quantized: bool) -> "CpuThreads | None":
+    def for_engine(cls, device: torch.device, setting: int | None) -> "CpuThreads | None":
         """The engine's setting: None on CUDA (nothing changes there); on the CPU the kernels
         on ``setting`` (None: ``DSPINE_CPU_THREADS``, else torch's threads now: after a
         tensor-parallel engine gave this rank its share of the cores), torch's ops on one
-        thread when the model's projections are ours (``quantized``)."""
+        thread (every projection is ours)."""
         if device.type != "cpu":
             return None
         kernels = setting or env_threads() or torch.get_num_threads()
-        return cls(kernels, 1 if quantized else None)
+        return cls(kernels, 1)
 
     @contextlib.contextmanager
     def scope(self):

@@ -186,8 +186,8 @@ class Engine:
         workers it starts; distributed/): the API and the outputs stay those of one process;
         `close()` (or ``with Engine(...)``, or the interpreter's exit) stops the workers.
         ``cpu_threads`` (CPU only) runs the engine's kernels on that many threads (default:
-        ``DSPINE_CPU_THREADS``, else torch's thread count); on the GGUF path torch's own small
-        ops run on one thread during the engine's steps (cpu_threads.py). Every
+        ``DSPINE_CPU_THREADS``, else torch's thread count); torch's own small ops run on one
+        thread during the engine's steps (cpu_threads.py). Every
         value, and the tensor-parallel layout, is checked before anything loads or starts
         (ValueError naming it)."""
         from ..models.default_model import gguf_source, resolve_model_path
@@ -252,7 +252,7 @@ class Engine:
                                    c.admission_batch)
         use_graphs = c.cuda_graphs and self.device.type == "cuda"  # per rank under TP
         sizes = graph_sizes(c.max_num_seqs) if use_graphs else []
-        threads = CpuThreads.for_engine(self.device, c.cpu_threads, self.quantized)
+        threads = CpuThreads.for_engine(self.device, c.cpu_threads)
         self.runner = ModelRunner(self.target, self.draft, self.cache,
                                   max_batch=max([c.max_num_seqs] + sizes), threads=threads,
                                   verified_draft_blocks=c.verified_draft_blocks(self.device,
