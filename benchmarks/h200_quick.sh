@@ -15,11 +15,18 @@
 #
 # Knobs: ARCHS (90a; "80;90a" for both), TEST_FILES (tests/test_kernels_gpu.py), TEST_K (pytest
 # -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, 45 s), MEMCHECK_K (pytest -k of
-# the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest:
-# "prefill" the sm90 kernel against mma.sync and cuDNN, "attention" decode and verify blocks on
-# Qwen3-8B heads at 8K, "ncu" one profiled launch of the sm90 prefill kernel at 8K, "ncu-walk" one
-# of the walk's top-k kernel at batch 32, "walk-splits" the walk floor with its rows sliced 1, 2, 4
-# and 8 ways (DSPINE_WALK_SPLITS); 60-180 s each).
+# the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest,
+# 60-200 s each):
+#   prefill      the sm90 kernel against mma.sync and cuDNN (causal, Qwen3-8B and SmolLM2 heads)
+#   attention    decode and verify blocks on Qwen3-8B heads at 8K, batch 1 / 8 / 32
+#   segments     the row-exact mode's decode / verify at 256 and 128 keys a segment
+#                (DSPINE_ATTN_EXACT_SEGMENT), 1K and 8K
+#   round        the Qwen3-8B-shaped round at batch 1 and 8, 1K context, kernel by kernel
+#                (step_table.py --kernels; random weights, no staged model)
+#   ncu          one profiled launch of the sm90 prefill kernel at 8K
+#   ncu-verify   one of the round's attention (ncu_cases.py verify_qwen3_1k_b1)
+#   ncu-walk     one of the walk's top-k kernel at batch 32
+#   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
 set -u
 O=${OUT:-$PWD/quick_out}; mkdir -p "$O"
 t0=$(date +%s); say() { echo "[quick $(( $(date +%s) - t0 ))s] $*"; }
@@ -67,6 +74,22 @@ for b in ${BENCH:-}; do case $b in
   attention) bench attention --modes decode verify --shapes Qwen3-8B --ctxs 8192 --batches 1 8 32 ;;
   ncu) profile sm90_prefill paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
          --ctxs 8192 --sm90 on ;;
+  segments)  # the row-exact segment size (default 256 keys) against 128 at short contexts
+    for seg in 256 128; do (export DSPINE_ATTN_EXACT_SEGMENT=$seg
+      bench segments_$seg --modes decode verify --shapes Qwen3-8B --ctxs 1024 8192 --batches 1 8 --exact)
+    done ;;
+  round)  # issue 12 item 4: the Qwen3-8B-shaped round (random weights), kernel by kernel
+    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 \
+      --kernels --out "$O/round" > "$O/round.log" 2>&1
+    say "round rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round.log" | cut -c1-150 ;;
+  ncu-verify)  # the round's attention: a 16-token verify block, Qwen3-8B heads, 1K, batch 1, exact
+    LD_PRELOAD=$CXX_LIB timeout 90 ncu --set full --kernel-name regex:paged_attention_mma --launch-skip 1 \
+      --launch-count 1 -o "$O/verify_1k" python3 benchmarks/ncu_cases.py verify_qwen3_1k_b1 --repeats 3 \
+      > "$O/ncu_verify_1k.log" 2>&1
+    say "ncu verify_1k rc $?"; ncu --import "$O/verify_1k.ncu-rep" --page details > "$O/ncu_verify_1k_details.txt" 2>&1
+    ncu --import "$O/verify_1k.ncu-rep" --page source --print-source sass --csv > "$O/ncu_verify_1k_sass.csv" 2>&1
+    grep -E '^  [a-z_ ].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|Grid Size|Registers' \
+      "$O/ncu_verify_1k_details.txt" ;;
   ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
   walk-splits)  # the walk's top-k pass with rows sliced n ways (480 rows at batch 32 = 3.6 per SM:
     for n in 1 2 4 8; do  # does a second, partial wave of CTAs cost it half its bandwidth?)
@@ -74,5 +97,5 @@ for b in ${BENCH:-}; do case $b in
         --out "$O/walk_splits_$n" > "$O/walk_splits_$n.log" 2>&1
       say "walk splits $n rc $?: $(grep -E '^\| transition_walk \| greedy \| 32' "$O/walk_splits_$n.log")"
     done ;;
-  *) say "BENCH: unknown word $b (prefill, attention, ncu, ncu-walk, walk-splits)" ;;
+  *) say "BENCH: unknown word $b (prefill, attention, segments, round, ncu, ncu-verify, ncu-walk, walk-splits)" ;;
 esac; done
