@@ -19,15 +19,11 @@
 #include <cmath>
 
 #include "attention_step.h"
+#include "isa.h"
 
 #define DSPINE_AVX512_FN __attribute__((target("avx512f")))
 
-// GCC 12 flags its own AVX-512 intrinsics (an undefined placeholder operand).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+DSPINE_AVX512_QUIET_BEGIN  // isa.h
 
 namespace dspine {
 namespace cpu {
@@ -222,8 +218,6 @@ DSPINE_AVX512_FN inline void accumulate(Avx512, bool full, int rows, float* acc,
 }  // namespace cpu
 }  // namespace dspine
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+DSPINE_AVX512_QUIET_END
 #undef DSPINE_AVX512_FN
 #endif

@@ -12,15 +12,11 @@
 #include <type_traits>
 
 #include "dense_panel.h"
+#include "isa.h"
 
 #define DSPINE_DENSE_AVX512_FN __attribute__((target("avx512f,avx2,fma,f16c")))
 
-// GCC 12 flags its own AVX-512 intrinsics (an undefined placeholder operand).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+DSPINE_AVX512_QUIET_BEGIN  // isa.h
 
 namespace dspine {
 namespace cpu {
@@ -77,8 +73,6 @@ void panel_avx512(const PanelArgs<T>& a, int rows) {
 }  // namespace cpu
 }  // namespace dspine
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+DSPINE_AVX512_QUIET_END
 
 #endif  // x86-64

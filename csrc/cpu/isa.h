@@ -10,6 +10,19 @@
 #include <cstdlib>
 #include <cstring>
 
+// GCC 12 flags its own AVX-512 intrinsics (an undefined placeholder operand): the headers of
+// AVX-512 kernels open with DSPINE_AVX512_QUIET_BEGIN and close with DSPINE_AVX512_QUIET_END.
+#if defined(__GNUC__) && !defined(__clang__)
+#define DSPINE_AVX512_QUIET_BEGIN                          \
+  _Pragma("GCC diagnostic push")                           \
+  _Pragma("GCC diagnostic ignored \"-Wuninitialized\"")    \
+  _Pragma("GCC diagnostic ignored \"-Wmaybe-uninitialized\"")
+#define DSPINE_AVX512_QUIET_END _Pragma("GCC diagnostic pop")
+#else
+#define DSPINE_AVX512_QUIET_BEGIN
+#define DSPINE_AVX512_QUIET_END
+#endif
+
 namespace dspine {
 namespace cpu {
 
