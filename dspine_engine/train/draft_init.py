@@ -63,12 +63,13 @@ def copy_target_layers(draft: DSpineDraft, target: TargetModel) -> list[int]:
     used = list(range(t.num_layers - c.num_layers, t.num_layers))
     for layer, src in zip(draft.layers, (target.layers[i] for i in used)):
         a = layer.self_attn
+        qkv = src.qkv.checkpoint_weight  # on the CPU an unpacked copy: made once a layer
         for proj, rows in ((a.q_proj, slice(0, q)), (a.k_proj, slice(q, q + kv)),
                            (a.v_proj, slice(q + kv, q + 2 * kv))):
-            proj.weight.copy_(src.qkv.checkpoint_weight[rows])
+            proj.weight.copy_(qkv[rows])
         a.o_proj.weight.copy_(src.o.checkpoint_weight)
-        gate = src.gate_up.checkpoint_weight[:inter]
-        up = src.gate_up.checkpoint_weight[inter:]
+        gate_up = src.gate_up.checkpoint_weight
+        gate, up = gate_up[:inter], gate_up[inter:]
         down = src.down.checkpoint_weight
         keep = mlp_neurons(gate, up, down, c.intermediate_size)
         layer.mlp.gate_proj.weight.copy_(gate[keep])
