@@ -440,12 +440,17 @@ def block_verify_ref(logits, draft_tokens, cand_ids, cand_probs, temperature, to
 DENSE_PANEL = 64  # output columns of one packed panel (csrc/cpu/dense_gemm.h)
 
 
+def dense_packed_shape(out_features: int, in_features: int) -> tuple[int, int, int]:
+    """The shape `dense_pack` gives a ``[out_features, in_features]`` weight."""
+    return -(-out_features // DENSE_PANEL), in_features, DENSE_PANEL
+
+
 def dense_pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """A checkpoint weight ``W [N, K]`` laid out for `dense_matmul`: ``[ceil(N/64), K, 64]``
     with ``packed[p, k, c] = W[64p + c, k]`` and zeros past N (one panel of 64 outputs is one
     contiguous stream). ``out``: a contiguous tensor of that shape and dtype to pack into."""
     n, k = weight.shape
-    panels = -(-n // DENSE_PANEL)
+    panels = dense_packed_shape(n, k)[0]
     if panels * DENSE_PANEL != n:
         weight = torch.cat([weight, weight.new_zeros(panels * DENSE_PANEL - n, k)])
     packed = weight.view(panels, DENSE_PANEL, k).transpose(1, 2)

@@ -27,8 +27,7 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
     """``weight [out, in]`` packed for ops.dense_matmul into a buffer of the weight arena."""
     if weight.dtype not in CPU_DTYPES:
         raise ValueError(f"a CPU projection must be one of {CPU_DTYPES}, got {weight.dtype}")
-    n, k = weight.shape
-    shape = (-(-n // ops.DENSE_PANEL), k, ops.DENSE_PANEL)
+    shape = ops.dense_packed_shape(*weight.shape)
     buffer = weight_buffer(math.prod(shape) * weight.element_size())
     return ops.dense_pack(weight, out=buffer.view(weight.dtype).view(shape))
 
