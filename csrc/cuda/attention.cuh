@@ -111,6 +111,18 @@ __device__ __forceinline__ int64_t kv_offset(const int32_t* table, int kp, const
 constexpr int mma_block_m(bool key_split) { return key_split ? 16 : 64; }
 constexpr int mma_block_n(bool key_split, int head_dim) { return key_split || head_dim < 256 ? 64 : 32; }
 
+// Rows a loading thread copies as one run of consecutive keys, or 0 where the tile's threads
+// cannot be laid out so (the loaders then look every row up by itself). A power of two, so that
+// a run starting at a multiple of its length never straddles a power-of-two page at least as long.
+constexpr int key_run_length(int block_n, int chunks, int threads) {
+  return threads % chunks == 0 && (block_n * chunks) % threads == 0 &&
+                 ((block_n * chunks / threads) & (block_n * chunks / threads - 1)) == 0
+             ? block_n * chunks / threads
+             : 0;
+}
+
+constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
+
 template <typename T, int D, bool KEY_SPLIT>
 struct MmaTile {
   using Elem = T;
@@ -127,6 +139,7 @@ struct MmaTile {
   static constexpr int kStages = KEY_SPLIT && D <= 128 ? 3 : 2;
   static constexpr int kPitch = D + 8;         // +16 bytes per smem row: conflict-free ldmatrix
   static constexpr int kChunks = D / 8;        // 16-byte chunks per row
+  static constexpr int kRunKeys = key_run_length(kBlockN, kChunks, kThreads);  // load_kv_tile
   static constexpr bool kQInRegs = D <= 128;   // head_dim 256 re-reads Q from smem (registers)
   static constexpr int kTileElems = kBlockN * kPitch;
   static constexpr size_t kSmemBytes = static_cast<size_t>(kBlockM + 2 * kStages * kBlockN) * kPitch * sizeof(T);
@@ -235,18 +248,6 @@ __device__ __forceinline__ void load_q_tile(typename C::Elem* sQ, const PagedAtt
   }
 }
 
-// Rows a loading thread copies as one run of consecutive keys, or 0 where the tile's threads
-// cannot be laid out so (the loaders then look every row up by itself). A power of two, so that
-// a run starting at a multiple of its length never straddles a power-of-two page at least as long.
-constexpr int key_run_length(int block_n, int chunks, int threads) {
-  return threads % chunks == 0 && (block_n * chunks) % threads == 0 &&
-                 ((block_n * chunks / threads) & (block_n * chunks / threads - 1)) == 0
-             ? block_n * chunks / threads
-             : 0;
-}
-
-constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
-
 // The cache offsets of kRun consecutive keys kp0 .. kp0 + kRun - 1 (kp0 a multiple of kRun) of
 // one CTA's sequence and kv head. On pages holding a multiple of kRun keys (the engine's 16 hold
 // 4, 8 or 16) they share one page, so one table read serves the whole run, for K and V alike:
@@ -286,14 +287,22 @@ __device__ __forceinline__ void load_kv_tile(typename C::Elem* sK, typename C::E
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
-  for (int c = threadIdx.x; c < C::kBlockN * C::kChunks; c += C::kThreads) {
-    const int r = c / C::kChunks, ch = c % C::kChunks;
-    const int kp = tile * C::kBlockN + r;
-    const int64_t off =
-        (kp >= w.key_lo && kp <= w.key_hi) ? kv_offset(table, kp, p, w.page_shift, w.kvh, C::kD) : -1;
+  auto copy_row = [&](int r, int ch, int64_t off) {
     const bool valid = off >= 0;
     cp_async_16(sK + r * C::kPitch + ch * 8, valid ? kc + off + ch * 8 : kc, valid);
     cp_async_16(sV + r * C::kPitch + ch * 8, valid ? vc + off + ch * 8 : vc, valid);
+  };
+  if constexpr (C::kRunKeys > 0) {  // chunk ch of rows r0 .. r0 + kRunKeys - 1: one table read
+    const int ch = threadIdx.x % C::kChunks, r0 = threadIdx.x / C::kChunks * C::kRunKeys;
+    const KeyRun<C::kRunKeys> run(table, tile * C::kBlockN + r0, p, w, C::kD);
+#pragma unroll
+    for (int k = 0; k < C::kRunKeys; ++k) copy_row(r0 + k, ch, run.offset(k, table, p, w, C::kD));
+  } else {
+    for (int c = threadIdx.x; c < C::kBlockN * C::kChunks; c += C::kThreads) {
+      const int r = c / C::kChunks, kp = tile * C::kBlockN + r;
+      copy_row(r, c % C::kChunks,
+               kp >= w.key_lo && kp <= w.key_hi ? kv_offset(table, kp, p, w.page_shift, w.kvh, C::kD) : -1);
+    }
   }
 }
 
