@@ -18,12 +18,15 @@
 # the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest,
 # 60-200 s each):
 #   prefill      the sm90 kernel against mma.sync and cuDNN (causal, Qwen3-8B and SmolLM2 heads)
+#   prefill-async  the same with DSPINE_SM90_ARRIVE=async (the producer's arrivals handed to the
+#                copy unit: attention_sm90.cuh, Sm90AsyncAnnouncer)
 #   attention    decode and verify blocks on Qwen3-8B heads at 8K, batch 1 / 8 / 32
 #   segments     the row-exact mode's decode / verify at 256 and 128 keys a segment
 #                (DSPINE_ATTN_EXACT_SEGMENT), 1K and 8K
 #   round        the Qwen3-8B-shaped round at batch 1 and 8, 1K context, kernel by kernel
 #                (step_table.py --kernels; random weights, no staged model)
-#   ncu          one profiled launch of the sm90 prefill kernel at 8K
+#   ncu          one profiled launch of the sm90 prefill kernel at 8K (ncu-async: with
+#                DSPINE_SM90_ARRIVE=async)
 #   ncu-verify   one of the round's attention (ncu_cases.py verify_qwen3_1k_b1)
 #   ncu-walk     one of the walk's top-k kernel at batch 32
 #   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
@@ -72,8 +75,13 @@ profile() {  # name, kernel name regex, then kernel_bench.py's arguments: one la
 for b in ${BENCH:-}; do case $b in
   prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare ;;
   attention) bench attention --modes decode verify --shapes Qwen3-8B --ctxs 8192 --batches 1 8 32 ;;
+  prefill-async) (export DSPINE_SM90_ARRIVE=async
+    bench prefill_async --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare) ;;
   ncu) profile sm90_prefill paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
          --ctxs 8192 --sm90 on ;;
+  ncu-async) (export DSPINE_SM90_ARRIVE=async
+    profile sm90_prefill_async paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
+      --ctxs 8192 --sm90 on) ;;
   segments)  # the row-exact segment size (default 256 keys) against 128 at short contexts
     for seg in 256 128; do (export DSPINE_ATTN_EXACT_SEGMENT=$seg
       bench segments_$seg --modes decode verify --shapes Qwen3-8B --ctxs 1024 8192 --batches 1 8 --exact)
@@ -97,5 +105,5 @@ for b in ${BENCH:-}; do case $b in
         --out "$O/walk_splits_$n" > "$O/walk_splits_$n.log" 2>&1
       say "walk splits $n rc $?: $(grep -E '^\| transition_walk \| greedy \| 32' "$O/walk_splits_$n.log")"
     done ;;
-  *) say "BENCH: unknown word $b (prefill, attention, segments, round, ncu, ncu-verify, ncu-walk, walk-splits)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, walk-splits)" ;;
 esac; done

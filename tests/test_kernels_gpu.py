@@ -587,13 +587,16 @@ SM90_CASES = [
 
 
 @needs_sm90
+@pytest.mark.parametrize("arrive", ["wait", "async"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", SM90_CASES, ids=[c[0] for c in SM90_CASES])
-def test_paged_attention_sm90(case, dtype, monkeypatch):
+def test_paged_attention_sm90(case, dtype, arrive, monkeypatch):
     """The forced sm90 path against the fp32 reference: NaN in every cache slot no query sees,
     the output allocated over NaN, q as a fused-QKV row view in odd cases; and the launch counter
-    proves the call ran the wgmma kernel, not the mma.sync one."""
+    proves the call ran the wgmma kernel, not the mma.sync one. Both ways the producer announces
+    its loads (DSPINE_SM90_ARRIVE)."""
     monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
+    monkeypatch.setenv("DSPINE_SM90_ARRIVE", arrive)
     index = SM90_CASES.index(case)
     pad = 2 * case[4] * case[5] if index % 2 else 0
     _poison_allocator()
@@ -620,6 +623,28 @@ def test_paged_attention_sm90_matches_mma_path(case, dtype, monkeypatch):
         torch.cuda.synchronize()
         assert _sm90_launches() == before + (mode == "1")
     assert rel_err_fp32(outs["1"], outs["0"]) < TOL[dtype]
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", [c for c in SM90_CASES if c[0] in (
+    "prefill_gqa4_hd128_2k", "chunked_prefill_gqa8_hd128", "page_8_run_of_a_page_hd64")], ids=lambda c: c[0])
+def test_sm90_arrive_modes_agree_bitwise(case, monkeypatch):
+    """The two producer announcers change only when a stage is known to have landed, never the
+    arithmetic: the outputs must be bit-identical, over several launches (a stage read before its
+    copies land would show as a difference in some launch)."""
+    monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
+    _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
+    dev_args, _ = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, 43, causal=causal)
+    outs = {}
+    for arrive in ("wait", "async", "wait", "async"):
+        monkeypatch.setenv("DSPINE_SM90_ARRIVE", arrive)
+        out = ops.paged_attention(*dev_args, causal, window, 1 / math.sqrt(d))
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any(), arrive
+        if arrive in outs:
+            assert torch.equal(out, outs[arrive]), f"{arrive}: two launches differ"
+        outs[arrive] = out
+    assert torch.equal(outs["wait"], outs["async"])
 
 
 @needs_sm90

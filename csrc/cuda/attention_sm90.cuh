@@ -12,9 +12,8 @@
 //                spans 8 pages at the engine's page size of 16, so a TMA box (one page, 16 rows)
 //                would need 8 descriptors' worth of issues per tile and could not zero-fill keys
 //                outside the visible range without reading them (see docs/KERNELS.md, "Hopper
-//                (sm_90a)"). Each load is one cp.async group; a load is announced (copies waited
-//                for by each issuing thread, fenced into the async proxy wgmma reads through, an
-//                arrive on its `full` mbarrier) once the next one is in flight.
+//                (sm_90a)"). Each load is one cp.async group per thread, announced on its `full`
+//                mbarrier by Sm90WaitAnnouncer or Sm90AsyncAnnouncer (below).
 //   warpgroups 1-2  consumers, 64 rows each (the M of one wgmma): S = Q K^T with both operands
 //                in shared memory (SS), online softmax on the S accumulators in registers (the
 //                mma.sync kernel's softmax_scores / rescale_rows: wgmma's accumulator layout per
@@ -31,6 +30,8 @@
 // softmax runs under the other's GEMMs. Not yet: an output staged through shared memory. See
 // docs/KERNELS.md for the measured rate.
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/arch/mma_sm90.hpp>
@@ -168,11 +169,17 @@ __device__ __forceinline__ void sm90_load_tile(TS& dst, const void* cache, const
   }
 }
 
-// The producer's ring discipline: every load is one cp.async group, and the load before it is
-// announced (its copies waited for by each issuing thread, fenced into the async proxy that wgmma
-// reads through, then a release-arrive on its `full` barrier) only once the next one is issued:
-// two loads in flight per thread, with nothing but plain cp.async and mbarrier arrivals.
-struct Sm90Announcer {
+// How the producer announces a load (one cp.async group per thread) on its `full` barrier:
+//   Sm90WaitAnnouncer   each thread waits for its own copies, fences them into the async proxy
+//                       that wgmma reads through and arrives: two loads in flight per thread
+//                       (the load before is announced once the next one is issued).
+//   Sm90AsyncAnnouncer  each thread hands the arrival to the copy unit
+//                       (cp.async.mbarrier.arrive.noinc: the barrier counts it once the thread's
+//                       earlier copies have landed) and goes on at once, so as many loads are in
+//                       flight as the rings have free stages; the ordering into wgmma's reads is
+//                       the barrier's (as CUTLASS's cp.async warp-specialised mainloops rely on).
+// Both are kept while the H200 measures them side by side (DSPINE_SM90_ARRIVE, launch below).
+struct Sm90WaitAnnouncer {
   uint64_t* pending = nullptr;  // `full` barrier of the load issued last, not yet announced
 
   // Call right after committing a load's group; `full` is that load's barrier.
@@ -195,10 +202,17 @@ struct Sm90Announcer {
     cutlass::arch::ClusterBarrier::arrive(pending);
   }
 };
+
+struct Sm90AsyncAnnouncer {
+  __device__ __forceinline__ void issued(uint64_t* full) { cutlass::arch::cpasync_barrier_arrive_noinc(full); }
+  // No copy outlives its thread (the barriers count them either way).
+  __device__ __forceinline__ void finish() { cp_async_wait<0>(); }
+};
 #endif
 
 // grid: (batch * kv_heads, 1, row tiles of 128); block: 384 threads; dynamic smem kSmemBytes.
-template <typename T, int D>
+// ASYNC_ARRIVE: the producer's announcer (Sm90AsyncAnnouncer, else Sm90WaitAnnouncer).
+template <typename T, int D, bool ASYNC_ARRIVE>
 __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_sm90_kernel(const PagedAttentionParams p) {
 #if DSPINE_SM90_DEVICE_CODE
   using namespace cute;
@@ -259,8 +273,8 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
       return;
     }
     const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
-    Sm90Announcer announce;
-    announce.pending = q_full;
+    std::conditional_t<ASYNC_ARRIVE, Sm90AsyncAnnouncer, Sm90WaitAnnouncer> announce;
+    announce.issued(q_full);
     KeyRun<C::kRunKeys> run = sm90_key_run<C>(p, w, table, w.tile_begin, tid);  // tile i's rows
     sm90_load_tile<C>(sK, p.k_cache, p, w, table, run, 0, tid);
     cp_async_commit();
@@ -386,10 +400,10 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
 #endif
 }
 
-template <typename T, int D>
+template <typename T, int D, bool ASYNC_ARRIVE>
 void launch_attention_sm90_tile(const PagedAttentionParams& p, cudaStream_t stream) {
   using C = Sm90Tile<T, D>;
-  constexpr auto kernel = paged_attention_sm90_kernel<T, D>;
+  constexpr auto kernel = paged_attention_sm90_kernel<T, D, ASYNC_ARRIVE>;
   const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), 1u, static_cast<unsigned>(row_tiles));
   allow_max_dynamic_smem<kernel>();

@@ -5,6 +5,8 @@
 #if defined(DSPINE_WITH_SM90)
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "attention_sm90.cuh"
 #include "attention_sm90.h"
@@ -38,8 +40,8 @@ bool attention_sm90_runnable() {
   bool ok = major == 9 && minor == 0;
   if (ok) {
     cudaFuncAttributes a64{}, a128{};
-    ok = cudaFuncGetAttributes(&a64, paged_attention_sm90_kernel<T, 64>) == cudaSuccess &&
-         cudaFuncGetAttributes(&a128, paged_attention_sm90_kernel<T, 128>) == cudaSuccess &&
+    ok = cudaFuncGetAttributes(&a64, paged_attention_sm90_kernel<T, 64, false>) == cudaSuccess &&
+         cudaFuncGetAttributes(&a128, paged_attention_sm90_kernel<T, 128, false>) == cudaSuccess &&
          a64.binaryVersion == 90 && a128.binaryVersion == 90;
     cudaGetLastError();
   }
@@ -47,14 +49,31 @@ bool attention_sm90_runnable() {
   return ok;
 }
 
+// DSPINE_SM90_ARRIVE=async: the producer hands its arrivals to the copy unit
+// (Sm90AsyncAnnouncer); unset or anything else: each thread waits for its copies
+// (Sm90WaitAnnouncer). Read at every launch so the tests and benchmarks can run both in one
+// process; kept only until the H200 has measured the two (issue 12).
+static bool sm90_async_arrive() {
+  const char* env = std::getenv("DSPINE_SM90_ARRIVE");
+  return env != nullptr && std::strcmp(env, "async") == 0;
+}
+
+template <typename T, bool ASYNC_ARRIVE>
+void launch_attention_sm90_head_dim(const PagedAttentionParams& p, cudaStream_t stream) {
+  if (p.head_dim == 64)
+    launch_attention_sm90_tile<T, 64, ASYNC_ARRIVE>(p, stream);
+  else
+    launch_attention_sm90_tile<T, 128, ASYNC_ARRIVE>(p, stream);
+}
+
 template <typename T>
 void launch_attention_sm90(const PagedAttentionParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.batch == 0 || p.max_q_len <= 0) return;
   g_sm90_launches.fetch_add(1, std::memory_order_relaxed);
-  if (p.head_dim == 64)
-    launch_attention_sm90_tile<T, 64>(p, stream);
+  if (sm90_async_arrive())
+    launch_attention_sm90_head_dim<T, true>(p, stream);
   else
-    launch_attention_sm90_tile<T, 128>(p, stream);
+    launch_attention_sm90_head_dim<T, false>(p, stream);
 }
 
 template bool attention_sm90_runnable<__nv_bfloat16>();
