@@ -434,21 +434,28 @@ def block_verify_ref(logits, draft_tokens, cand_ids, cand_probs, temperature, to
 
 
 # --------------------------------------------------------------------------------------------
-# Dense GEMM with one reduction order per output (CPU only)
+# Dense GEMM with one reduction order per output
 # --------------------------------------------------------------------------------------------
 
 DENSE_PANEL = 64  # output columns of one packed panel (csrc/cpu/dense_gemm.h)
+DENSE_CUDA_CHUNK = 32  # k a CUDA warp takes a step (csrc/cuda/dense_gemm.cuh): k must be a multiple
 
 
-def dense_packed_shape(out_features: int, in_features: int) -> tuple[int, int, int]:
-    """The shape `dense_pack` gives a ``[out_features, in_features]`` weight."""
+def dense_packed_shape(out_features: int, in_features: int,
+                       device: torch.device | str = "cpu") -> tuple[int, ...]:
+    """The shape `dense_pack` gives a ``[out_features, in_features]`` weight on ``device``."""
+    if torch.device(device).type != "cpu":
+        return out_features, in_features
     return -(-out_features // DENSE_PANEL), in_features, DENSE_PANEL
 
 
 def dense_pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """A checkpoint weight ``W [N, K]`` laid out for `dense_matmul`: ``[ceil(N/64), K, 64]``
-    with ``packed[p, k, c] = W[64p + c, k]`` and zeros past N (one panel of 64 outputs is one
-    contiguous stream). ``out``: a contiguous tensor of that shape and dtype to pack into."""
+    """A checkpoint weight ``W [N, K]`` laid out for `dense_matmul` on its device. CPU:
+    ``[ceil(N/64), K, 64]`` with ``packed[p, k, c] = W[64p + c, k]`` and zeros past N (one panel
+    of 64 outputs is one contiguous stream). CUDA: ``W`` itself, contiguous (the kernel reads
+    rows of W). ``out``: a contiguous tensor of that shape and dtype to pack into."""
+    if weight.device.type != "cpu":
+        return weight.contiguous() if out is None else out.copy_(weight)
     n, k = weight.shape
     panels = dense_packed_shape(n, k)[0]
     if panels * DENSE_PANEL != n:
@@ -458,23 +465,40 @@ def dense_pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.T
 
 
 def dense_unpack(weight: torch.Tensor, out_features: int) -> torch.Tensor:
-    """The ``[out_features, K]`` weight a `dense_pack` table holds (a copy)."""
+    """The ``[out_features, K]`` weight a `dense_pack` table holds (a copy on the CPU, the
+    table itself on CUDA)."""
+    if weight.dim() == 2:
+        return weight[:out_features]
     panels, k, width = weight.shape
     return weight.transpose(1, 2).reshape(panels * width, k)[:out_features]
 
 
 def dense_matmul(x: torch.Tensor, weight: torch.Tensor, out_features: int,
                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x [..., K] @ W^T`` for a weight packed by `dense_pack`; x, the weight and the result of
-    one dtype (float32, bfloat16 or float16). Each output is, in fp32, one chain of fused
+    """``x [..., K] @ W^T`` for a weight laid out by `dense_pack`; x, the weight and the result
+    of one dtype. On either device a row's result is bitwise independent of the other rows of
+    the call (and of threads, tiles and grids): a position's decode step and its verify or
+    prefill row agree, which lossless speculation needs.
+
+    CPU (float32, bfloat16, float16): each output is, in fp32, one chain of fused
     multiply-adds over k in order: ``acc = 0; for k: acc = fma(x[k], W[n, k], acc)``, then
-    rounded to the dtype (nearest even). So a row's result is bitwise independent of the other
-    rows of the call, of the threads and of the instruction set: a position's decode step and
-    its verify or prefill row agree, which lossless speculation needs. CPU only. ``out``: a
-    contiguous ``[..., out_features]`` tensor of x's dtype to write into (returned)."""
+    rounded to the dtype (nearest even); `dense_matmul_ref` is that, exactly.
+    CUDA (bfloat16, float16; K a multiple of 32): fp32 tensor-core sums in one fixed order (k
+    in chunks of 32 dealt to four warps, the warps' sums added in order), rounded once; it
+    agrees with `dense_matmul_ref` to fp32 rounding.
+    ``out``: a contiguous ``[..., out_features]`` tensor of x's dtype to write into (returned)."""
     if out is not None:
         return _ops.dense_matmul.out(x, weight, out_features, out=out)
     return _ops.dense_matmul(x, weight, out_features)
+
+
+def dense_matmul_supports(x_dtype: torch.dtype, weight: torch.Tensor) -> bool:
+    """Whether `dense_matmul` runs rows of ``x_dtype`` against this packed weight (the CUDA
+    kernel takes bfloat16 / float16 and K a multiple of 32; the CPU one every float dtype)."""
+    if weight.device.type == "cpu":
+        return x_dtype == weight.dtype and x_dtype in (torch.float32, torch.bfloat16, torch.float16)
+    return (x_dtype == weight.dtype and x_dtype in (torch.bfloat16, torch.float16)
+            and weight.dim() == 2 and weight.shape[1] % DENSE_CUDA_CHUNK == 0)
 
 
 def fma_ref(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

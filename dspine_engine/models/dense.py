@@ -8,11 +8,17 @@ prefill, and MKL's sgemm is not row-invariant on every CPU (on an AMD EPYC rows 
 4 came out different from calls of 1-3 rows; padding every call to 4 rows made a decode step
 ~3.5x slower). Ours computes each output as one chain of fused multiply-adds over k in order
 whatever rows share the call, and was faster than MKL from 1 to 256 rows on the shapes measured
-(docs/DECISIONS.md, "CPU dense GEMM of our own"). On CUDA, F.linear keeps the checkpoint layout.
+(docs/DECISIONS.md, "CPU dense GEMM of our own").
+
+On CUDA the weight keeps the checkpoint layout. With ``DSPINE_DENSE_CUDA=1`` (read when a Dense
+is built) calls of up to CUDA_MAX_ROWS rows run our row-invariant kernel (ops.dense_matmul,
+csrc/cuda/dense_gemm.cuh) instead of cuBLAS: a measurement switch until the GPU has compared the
+two on the round's shapes (docs/DECISIONS.md, "A CUDA GEMM for few rows"); F.linear otherwise.
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +27,14 @@ from .. import ops
 from .weight_arena import weight_buffer
 
 CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # those ops.dense_matmul runs
+CUDA_MAX_ROWS = 64  # the CUDA kernel's tiles hold 8-64 rows; more re-read the weight a tile
+
+
+def _own_cuda_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether a CUDA Dense of this weight runs ops.dense_matmul (DSPINE_DENSE_CUDA=1)."""
+    return (weight.device.type == "cuda" and bias is None
+            and os.environ.get("DSPINE_DENSE_CUDA", "0") == "1"
+            and ops.dense_matmul_supports(weight.dtype, weight))
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor:
@@ -40,6 +54,7 @@ class Dense:
         self.weight = _packed(weight) if self.packed else weight.contiguous()
         self.bias = bias
         self.out_features = weight.shape[0]
+        self.own_cuda_gemm = _own_cuda_gemm(self.weight, bias)
 
     @property
     def checkpoint_weight(self) -> torch.Tensor:
@@ -48,6 +63,8 @@ class Dense:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.packed:
+            if self.own_cuda_gemm and x.dtype == self.weight.dtype and x.numel() <= CUDA_MAX_ROWS * x.shape[-1]:
+                return ops.dense_matmul(x, self.weight, self.out_features)
             return F.linear(x, self.weight, self.bias)
         y = ops.dense_matmul(x, self.weight, self.out_features)
         return y if self.bias is None else y + self.bias

@@ -1,0 +1,93 @@
+// CUDA backend of dspine::dense_matmul (schema: csrc/cpu/dense_bindings.cpp): argument checks,
+// allocation through the caching allocator, launch on the current stream (graph-capturable).
+// On CUDA the weight keeps the checkpoint layout [n, k] (ops.dense_pack leaves it as it is).
+#include <type_traits>
+#include <vector>
+
+#include <torch/library.h>
+
+#include "binding.h"
+#include "dense_gemm.cuh"
+
+namespace dspine {
+namespace cuda {
+
+namespace {
+
+// x [..., k] bf16/fp16 and weight [n, k] of its dtype; returns x contiguous and 16-byte aligned.
+at::Tensor check_dense_args(const at::Tensor& x_in, const at::Tensor& weight, int64_t n) {
+  const char* op = "dense_matmul";
+  check_device(op, x_in, weight);
+  const auto t = x_in.scalar_type();
+  TORCH_CHECK(t == at::kBFloat16 || t == at::kHalf, op, ": on CUDA x must be bfloat16 or float16, got ", t);
+  TORCH_CHECK(weight.scalar_type() == t, op, ": weight dtype ", weight.scalar_type(), " differs from x's ", t);
+  TORCH_CHECK(x_in.dim() >= 1, op, ": x must be [..., k]");
+  const int64_t k = x_in.size(-1);
+  TORCH_CHECK(n > 0, op, ": out_features must be positive, got ", n);
+  TORCH_CHECK(k > 0 && k % gpu::kDenseChunk == 0, op, ": on CUDA k must be a positive multiple of ",
+              gpu::kDenseChunk, ", got ", k);
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(0) == n && weight.size(1) == k, op,
+              ": on CUDA the weight must be a contiguous [out_features, k] = [", n, ", ", k, "] tensor, got ",
+              weight.sizes());
+  TORCH_CHECK(gpu::is_aligned16(weight.data_ptr()), op, ": the weight must start on a 16-byte boundary");
+  TORCH_CHECK(n <= INT32_MAX && k <= INT32_MAX, op, ": n and k must fit in 32 bits");
+  auto x = x_in.contiguous();
+  return gpu::is_aligned16(x.data_ptr()) ? x : x.clone();  // a view at an odd offset
+}
+
+std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  return sizes;
+}
+
+void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y) {
+  const int64_t k = x.size(-1), m = x.numel() / k;
+  if (m == 0) return;
+  TORCH_CHECK(m <= INT32_MAX, "dense_matmul: too many rows");
+  const c10::cuda::CUDAGuard guard(x.device());
+  gpu::DenseParams p;
+  p.x = x.data_ptr();
+  p.w = weight.data_ptr();
+  p.y = y.data_ptr();
+  p.x_stride = k;
+  p.m = static_cast<int>(m);
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  // DSPINE_DENSE_COLS (1, 2, 4): column tiles a CTA, a tuning aid; the result does not change.
+  const int forced = env_int("DSPINE_DENSE_COLS", 0);
+  dispatch_float(x.scalar_type(), "dense_matmul", [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same<T, float>::value) gpu::launch_dense_matmul<T>(p, num_sms(), forced, stream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+at::Tensor dense_matmul(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features) {
+  const auto x = check_dense_args(x_in, weight, out_features);
+  auto y = at::empty(out_sizes(x, out_features), x.options());
+  run(x, weight, out_features, y);
+  return y;
+}
+
+at::Tensor& dense_matmul_out(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features,
+                             at::Tensor& out) {
+  const auto x = check_dense_args(x_in, weight, out_features);
+  const auto sizes = out_sizes(x, out_features);
+  TORCH_CHECK(out.device() == x.device() && out.scalar_type() == x.scalar_type() && out.is_contiguous() &&
+                  out.sizes() == at::IntArrayRef(sizes),
+              "dense_matmul: out must be a contiguous ", x.scalar_type(), " tensor of shape ", at::IntArrayRef(sizes),
+              " on ", x.device(), " (got ", out.scalar_type(), " ", out.sizes(), " on ", out.device(), ")");
+  run(x, weight, out_features, out);
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace dspine
+
+TORCH_LIBRARY_IMPL(dspine, CUDA, m) {
+  m.impl("dense_matmul", &dspine::cuda::dense_matmul);
+  m.impl("dense_matmul.out", &dspine::cuda::dense_matmul_out);
+}

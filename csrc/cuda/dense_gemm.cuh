@@ -1,0 +1,241 @@
+// Dense GEMM for few rows (CUDA): y[m, n] = sum_k x[m, k] W[n, k], bf16 / fp16 in, fp32
+// accumulators, one reduction order per output whatever the rows of the call.
+// Semantics: dspine_engine/ops.py:dense_matmul (the CPU kernel's op; here W keeps the
+// checkpoint's [n, k] layout).
+//
+// Why our own: a verify block's projections have 16 rows a sequence, where cuBLAS picks split-K
+// kernels that read the weights at 63-84% of the copy bandwidth on the H200 plus a separate
+// reduction launch (step_table.py --kernels: o_proj, qkv and down at batch 1), and its choice
+// of kernel changes with the row count, so a position's row in a verify block need not be
+// bitwise its decode-step row. Here the row count never changes an output's arithmetic:
+//
+// CTA = 4 warps over 8 * NT output columns (W rows) and ROWS rows of x (grid.y over more rows).
+// k is cut into chunks of 32; warp w takes chunks w, w + 4, w + 8, ... (the four warps read
+// neighbouring bytes of each W row at once). A lane loads 16 bytes of a W row per chunk
+// (row 8j + g of the CTA's columns, k 8t .. 8t + 7, g = lane / 4, t = lane % 4) and of each of
+// its x rows, and two m16n8k16 mmas take the chunk: the mma's k index is permuted so that each
+// lane's 8 contiguous elements are exactly the ones its fragments need (step s uses elements
+// 4s .. 4s + 3 of the lane's 8: b0 / a0 / a1 the first pair, b1 / a2 / a3 the second). A
+// permutation of k changes nothing in a dot product but the order the products meet, and that
+// order is the same for every output. The warps' partial sums are added in warp order 0..3
+// (through shared memory) and rounded once. An output's bits thus depend on its x row, its W
+// row and k alone: not on the rows, ROWS, NT or the grid of the call.
+#pragma once
+
+#include "mma.cuh"
+
+namespace dspine {
+namespace gpu {
+
+struct DenseParams {
+  const void* x;     // [m, k] rows, x_stride elements apart (k contiguous)
+  const void* w;     // [n, k] contiguous
+  void* y;           // [m, n] contiguous
+  int64_t x_stride;
+  int m, n, k;       // k a multiple of kDenseChunk
+};
+
+constexpr int kDenseWarps = 4;   // split k in a CTA
+constexpr int kDenseChunk = 32;  // k a warp takes a step (one 16-byte load a lane a row)
+
+// The loads are volatile asm, as the mmas are, so that they keep their order in the source: a
+// batch's loads all issue before its first mma (left free, the compiler moved loads next to
+// their use, one chunk in flight at a time).
+// 16 bytes of a weight row, read once: not kept in L1, a 256-byte L2 prefetch (rows stream).
+__device__ __forceinline__ uint4 load_weight_16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+// 16 bytes of an x row, cached (every CTA of an SM reads the same rows); zeros where !valid
+// (p must still be mapped). Predicated rather than branched, so a batch's loads stay together.
+__device__ __forceinline__ uint4 load_rows_16(const void* p, bool valid) {
+  uint4 r;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n mov.b32 %3, 0;\n"
+      " @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "r"(static_cast<int>(valid)));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// Tile shape: ROWS rows of x (8: only the mma's upper 8 rows are loaded), NT column tiles of 8.
+template <int ROWS, int NT>
+struct DenseTile {
+  static constexpr int kMTiles = ROWS <= 16 ? 1 : ROWS / 16;  // m16 tiles
+  static constexpr bool kUpperOnly = ROWS <= 8;               // rows g + 8 are all past m
+  static constexpr int kHalves = kUpperOnly ? 1 : 2;
+  static constexpr int kCols = 8 * NT;
+  // Chunks a warp loads before it multiplies (register budget: ~64 registers of loads).
+  static constexpr int kBatch = kMTiles >= 4 ? 1 : kMTiles == 2 ? 2 : 4;
+  static constexpr int kThreads = kDenseWarps * kWarpSize;
+  static_assert(ROWS == 8 || ROWS == 16 || ROWS == 32 || ROWS == 64, "rows a CTA: 8, 16, 32 or 64");
+  static_assert(NT == 1 || NT == 2 || NT == 4, "column tiles a CTA: 1, 2 or 4");
+};
+
+// One chunk of the warp: acc[mt][j] += x rows (mt) . W rows (j) over its 32 k.
+template <typename T, typename Tile, int MT, int NT>
+__device__ __forceinline__ void dense_chunk(float (&acc)[MT][NT][4], const uint4 (&wv)[NT],
+                                            const uint4 (&xv)[MT][2]) {
+#pragma unroll
+  for (int s = 0; s < 2; ++s) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const uint32_t a[4] = {word(xv[mt][0], 2 * s), Tile::kUpperOnly ? 0u : word(xv[mt][1], 2 * s),
+                             word(xv[mt][0], 2 * s + 1), Tile::kUpperOnly ? 0u : word(xv[mt][1], 2 * s + 1)};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) mma_16816<T>(acc[mt][j], a, word(wv[j], 2 * s), word(wv[j], 2 * s + 1));
+    }
+  }
+}
+
+// grid: (ceil(n / (8 NT)), ceil(m / ROWS)); block: 128 threads.
+template <typename T, int ROWS, int NT>
+__global__ void __launch_bounds__(DenseTile<ROWS, NT>::kThreads) dense_rows_kernel(const DenseParams p) {
+  using Tile = DenseTile<ROWS, NT>;
+  constexpr int MT = Tile::kMTiles, B = Tile::kBatch;
+  __shared__ float partial[kDenseWarps - 1][MT][NT][4][kWarpSize];
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int col0 = blockIdx.x * Tile::kCols, row0 = blockIdx.y * ROWS;
+  const T* w = static_cast<const T*>(p.w);
+  const T* x = static_cast<const T*>(p.x);
+
+  // This lane's W rows (clamped inside W: a column past n is computed and never stored) and x
+  // rows (past m: row 0's address, loaded as zeros).
+  const T* wrow[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int col = min(col0 + 8 * j + g, p.n - 1);
+    wrow[j] = w + static_cast<int64_t>(col) * p.k + 8 * t;
+  }
+  const T* xrow[MT][2];
+  uint32_t xvalid = 0;  // bit 2 mt + h: row 16 mt + 8 h + g is inside x
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 16 * mt + 8 * h + g;
+      const bool valid = row < p.m && h < Tile::kHalves;
+      xvalid |= static_cast<uint32_t>(valid) << (2 * mt + h);
+      xrow[mt][h] = x + static_cast<int64_t>(valid ? row : 0) * p.x_stride + 8 * t;
+    }
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+
+  const int chunks = p.k / kDenseChunk;
+  for (int c0 = warp; c0 < chunks; c0 += kDenseWarps * B) {
+    uint4 wv[B][NT], xv[B][MT][2];
+#pragma unroll
+    for (int b = 0; b < B; ++b) {  // every load of the batch in flight before the first mma
+      const int c = c0 + b * kDenseWarps;
+      const int64_t k0 = static_cast<int64_t>(c < chunks ? c : c0) * kDenseChunk;  // c0 < chunks
+#pragma unroll
+      for (int j = 0; j < NT; ++j) wv[b][j] = load_weight_16(wrow[j] + k0);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < Tile::kHalves; ++h) xv[b][mt][h] = load_rows_16(xrow[mt][h] + k0, xvalid >> (2 * mt + h) & 1u);
+    }
+#pragma unroll
+    for (int b = 0; b < B; ++b)
+      if (c0 + b * kDenseWarps < chunks) dense_chunk<T, Tile, MT, NT>(acc, wv[b], xv[b]);
+  }
+
+  // Warps 1..3 hand their sums to warp 0, which adds them in warp order and writes.
+  if (warp > 0) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) partial[warp - 1][mt][j][e][lane] = acc[mt][j][e];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = acc[mt][j][e];
+#pragma unroll
+        for (int from = 0; from < kDenseWarps - 1; ++from) v += partial[from][mt][j][e][lane];
+        const int row = row0 + 16 * mt + g + (e >= 2 ? 8 : 0);
+        const int col = col0 + 8 * j + 2 * t + (e & 1);
+        if (row < p.m && col < p.n) y[static_cast<int64_t>(row) * p.n + col] = from_float<T>(v);
+      }
+    }
+  }
+}
+
+// ---- host ------------------------------------------------------------------------------------
+
+// Rows a CTA takes: the fewest of 8, 16, 32, 64 that hold m (64 past that, grid.y over the rest).
+inline int dense_tile_rows(int64_t m) { return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64; }
+
+// Column tiles a CTA takes: the widest (fewest re-reads of x) that still gives every SM three
+// CTAs, as many warps as keep enough weight bytes in flight; forced (1, 2, 4) fixes it.
+inline int dense_tile_cols(int64_t n, int64_t row_blocks, int num_sms, int forced = 0) {
+  if (forced == 1 || forced == 2 || forced == 4) return forced;
+  for (int nt : {4, 2}) {
+    if (ceil_div(n, 8 * nt) * row_blocks >= 3LL * num_sms) return nt;
+  }
+  return 1;
+}
+
+template <typename T, int ROWS, int NT>
+void launch_dense_tile(const DenseParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.n, 8 * NT)), static_cast<unsigned>(ceil_div(p.m, ROWS)));
+  dense_rows_kernel<T, ROWS, NT><<<grid, DenseTile<ROWS, NT>::kThreads, 0, stream>>>(p);
+}
+
+template <typename T, int ROWS>
+void launch_dense_rows(const DenseParams& p, int nt, cudaStream_t stream) {
+  switch (nt) {
+    case 4: return launch_dense_tile<T, ROWS, 4>(p, stream);
+    case 2: return launch_dense_tile<T, ROWS, 2>(p, stream);
+    default: return launch_dense_tile<T, ROWS, 1>(p, stream);
+  }
+}
+
+// p's shapes checked by the caller (k % kDenseChunk == 0, 16-byte aligned rows, m, n > 0).
+template <typename T>
+void launch_dense_matmul(const DenseParams& p, int num_sms, int forced_cols, cudaStream_t stream) {
+  const int rows = dense_tile_rows(p.m);
+  const int nt = dense_tile_cols(p.n, ceil_div(p.m, rows), num_sms, forced_cols);
+  switch (rows) {
+    case 8: return launch_dense_rows<T, 8>(p, nt, stream);
+    case 16: return launch_dense_rows<T, 16>(p, nt, stream);
+    case 32: return launch_dense_rows<T, 32>(p, nt, stream);
+    default: return launch_dense_rows<T, 64>(p, nt, stream);
+  }
+}
+
+}  // namespace gpu
+}  // namespace dspine

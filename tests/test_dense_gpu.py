@@ -1,0 +1,158 @@
+"""The CUDA dense GEMM for few rows (ops.dense_matmul, csrc/cuda/dense_gemm.cuh) against a float64
+reference, and its contract: a row's bits do not depend on the other rows of the call, on the
+row count, the column tiling or a CUDA graph. Outputs start as NaN; NaN never passes.
+Run: python -m pytest -q -m gpu tests/test_dense_gpu.py
+"""
+import pytest
+import torch
+
+from dspine_engine import ops
+from dspine_engine.models.dense import Dense
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+DEV = "cuda"
+HALVES = [torch.bfloat16, torch.float16]
+ULP = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}  # half an ulp, relative
+
+
+def _inputs(m, n, k, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype)
+    return x, w
+
+
+def _assert_close_to_exact(got, x, w):
+    """|got - x W^T| within the output's rounding (one ulp) plus fp32 summation error."""
+    got = got.double().cpu()
+    assert torch.isfinite(got).all(), "output has NaN/inf"
+    exact = x.double() @ w.double().T
+    magnitude = x.double().abs() @ w.double().abs().T
+    bound = 2 * ULP[x.dtype] * exact.abs() + 2.0 ** -16 * magnitude + 1e-30
+    worst = float(((got - exact).abs() / bound).max())
+    assert worst <= 1.0, f"error {worst:.3f} x the bound"
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("m,n,k", [(1, 576, 576), (3, 1000, 96), (8, 7, 32), (9, 100, 4096),
+                                   (16, 1536, 576), (17, 64, 160), (33, 577, 64), (64, 2048, 128),
+                                   (65, 96, 256), (130, 33, 96), (5, 1, 32)])
+def test_dense_matmul_against_exact(m, n, k, dtype):
+    x, w = _inputs(m, n, k, dtype)
+    wd = ops.dense_pack(w.to(DEV))
+    out = _poisoned((m, n), dtype)
+    got = ops.dense_matmul(x.to(DEV), wd, n, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    _assert_close_to_exact(got, x, w)
+    _assert_close_to_exact(ops.dense_matmul(x.to(DEV), wd, n), x, w)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+def test_dense_matmul_writes_only_its_output(dtype):
+    """The output is the head of a NaN buffer: everything past it stays NaN, all of it is written."""
+    m, n, k = 19, 41, 96
+    x, w = _inputs(m, n, k, dtype, seed=1)
+    buffer = _poisoned((m * n + 4096,), dtype)
+    out = buffer[:m * n].view(m, n)
+    ops.dense_matmul(x.to(DEV), w.to(DEV), n, out=out)
+    assert torch.isnan(buffer[m * n:]).all()
+    _assert_close_to_exact(out, x, w)
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("n,k", [(576, 576), (1536, 576), (4096, 4096), (100, 96)])
+def test_rows_do_not_depend_on_the_call(n, k, dtype, monkeypatch):
+    """Row i alone, inside the first m rows for every m up to 66, at another position of the
+    call and under every column tiling: the same bits."""
+    x, w = _inputs(66, n, k, dtype, seed=2)
+    x, wd = x.to(DEV), w.to(DEV)
+    full = ops.dense_matmul(x, wd, n)
+    alone = torch.cat([ops.dense_matmul(x[i:i + 1], wd, n) for i in range(x.shape[0])])
+    assert torch.equal(full, alone)
+    for m in (2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65):
+        assert torch.equal(ops.dense_matmul(x[:m], wd, n), full[:m]), f"m = {m}"
+    order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(3)).to(DEV)
+    assert torch.equal(ops.dense_matmul(x[order], wd, n), full[order])
+    for cols in ("1", "2", "4"):
+        monkeypatch.setenv("DSPINE_DENSE_COLS", cols)
+        assert torch.equal(ops.dense_matmul(x[:16], wd, n), full[:16]), f"{cols} column tiles"
+
+
+def test_a_nan_row_stays_in_its_row():
+    x, w = _inputs(16, 300, 128, torch.bfloat16, seed=4)
+    x[5, 17] = float("nan")
+    got = ops.dense_matmul(x.to(DEV), w.to(DEV), 300)
+    assert torch.isnan(got[5]).all()
+    others = torch.cat([got[:5], got[6:]])
+    assert torch.isfinite(others).all()
+    assert torch.equal(others, ops.dense_matmul(torch.cat([x[:5], x[6:]]).to(DEV), w.to(DEV), 300))
+
+
+def test_batched_leading_dims_and_a_strided_view():
+    x, w = _inputs(24, 200, 256, torch.bfloat16, seed=5)
+    xd, wd = x.to(DEV), w.to(DEV)
+    flat = ops.dense_matmul(xd, wd, 200)
+    assert torch.equal(ops.dense_matmul(xd.view(4, 6, 256), wd, 200), flat.view(4, 6, 200))
+    wide = torch.zeros(24, 300, dtype=torch.bfloat16, device=DEV)
+    wide[:, 3:259] = xd  # rows 300 elements apart: made contiguous, same bits
+    assert torch.equal(ops.dense_matmul(wide[:, 3:259], wd, 200), flat)
+    buffer = torch.zeros(24 * 256 + 3, dtype=torch.bfloat16, device=DEV)
+    odd = buffer[3:].view(24, 256)  # contiguous, but not on a 16-byte boundary: copied
+    odd.copy_(xd)
+    assert torch.equal(ops.dense_matmul(odd, wd, 200), flat)
+
+
+def test_graph_replay_gives_the_eager_result():
+    x, w = _inputs(16, 1024, 512, torch.bfloat16, seed=6)
+    xd, wd = x.to(DEV), w.to(DEV)
+    eager = ops.dense_matmul(xd, wd, 1024)
+    static_x = xd.clone()
+    out = _poisoned((16, 1024), torch.bfloat16)
+    ops.dense_matmul(static_x, wd, 1024, out=out)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.dense_matmul(static_x, wd, 1024, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+def test_bad_arguments_are_errors():
+    x, w = _inputs(4, 64, 96, torch.bfloat16)
+    xd, wd = x.to(DEV), w.to(DEV)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        ops.dense_matmul(xd[:, :80], wd[:, :80].contiguous(), 64)
+    with pytest.raises(RuntimeError, match="bfloat16 or float16"):
+        ops.dense_matmul(xd.float(), wd.float(), 64)
+    with pytest.raises(RuntimeError, match="differs"):
+        ops.dense_matmul(xd, wd.half(), 64)
+    with pytest.raises(RuntimeError, match=r"\[out_features, k\]"):
+        ops.dense_matmul(xd, wd, 65)
+    with pytest.raises(RuntimeError, match=r"\[out_features, k\]"):
+        ops.dense_matmul(xd, ops.dense_pack(w).to(DEV), 64)  # a CPU-packed table
+    with pytest.raises(RuntimeError, match="out must be"):
+        ops.dense_matmul(xd, wd, 64, out=torch.empty(4, 63, dtype=torch.bfloat16, device=DEV))
+    assert not ops.dense_matmul_supports(torch.float32, wd)
+    assert not ops.dense_matmul_supports(torch.bfloat16, wd[:, :80].contiguous())
+    assert ops.dense_matmul_supports(torch.bfloat16, wd)
+
+
+def test_dense_uses_the_kernel_only_when_asked(monkeypatch):
+    x, w = _inputs(16, 512, 256, torch.bfloat16, seed=7)
+    xd, wd = x.to(DEV), w.to(DEV)
+    monkeypatch.delenv("DSPINE_DENSE_CUDA", raising=False)
+    assert not Dense(wd).own_cuda_gemm
+    monkeypatch.setenv("DSPINE_DENSE_CUDA", "1")
+    dense = Dense(wd)
+    assert dense.own_cuda_gemm and not Dense(wd, bias=torch.zeros(512, dtype=torch.bfloat16, device=DEV)).own_cuda_gemm
+    assert torch.equal(dense(xd), ops.dense_matmul(xd, wd, 512))
+    many = torch.randn(100, 256, dtype=torch.bfloat16, device=DEV)  # past CUDA_MAX_ROWS: cuBLAS
+    assert torch.equal(dense(many), torch.nn.functional.linear(many, wd))
