@@ -44,7 +44,9 @@ std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
 void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y) {
   const int64_t k = x.size(-1), m = x.numel() / k;
   if (m == 0) return;
-  TORCH_CHECK(m <= INT32_MAX, "dense_matmul: too many rows");
+  // The grid is one dimension of CTAs (at most ceil(m / 8) x ceil(n / 8) of them).
+  TORCH_CHECK(gpu::ceil_div(m, 8) * gpu::ceil_div(n, 8) <= INT32_MAX, "dense_matmul: ", m, " rows x ", n,
+              " outputs is too large a call");
   const c10::cuda::CUDAGuard guard(x.device());
   gpu::DenseParams p;
   p.x = x.data_ptr();

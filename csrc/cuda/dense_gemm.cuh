@@ -9,7 +9,7 @@
 // of kernel changes with the row count, so a position's row in a verify block need not be
 // bitwise its decode-step row. Here the row count never changes an output's arithmetic:
 //
-// CTA = 4 warps over 8 * NT output columns (W rows) and ROWS rows of x (grid.y over more rows).
+// CTA = 4 warps over 8 * NT output columns (W rows) and ROWS rows of x (more CTAs over more rows).
 // k is cut into chunks of 32; warp w takes chunks w, w + 4, w + 8, ... (the four warps read
 // neighbouring bytes of each W row at once). A lane loads 16 bytes of a W row per chunk
 // (row 8j + g of the CTA's columns, k 8t .. 8t + 7, g = lane / 4, t = lane % 4) and of each of
@@ -108,7 +108,8 @@ __device__ __forceinline__ void dense_chunk(float (&acc)[MT][NT][4], const uint4
   }
 }
 
-// grid: (ceil(n / (8 NT)), ceil(m / ROWS)); block: 128 threads.
+// grid: ceil(m / ROWS) x ceil(n / (8 NT)) CTAs in one dimension, the row blocks of a column tile
+// adjacent (they run together and share the tile's weight bytes in L2); block: 128 threads.
 template <typename T, int ROWS, int NT>
 __global__ void __launch_bounds__(DenseTile<ROWS, NT>::kThreads) dense_rows_kernel(const DenseParams p) {
   using Tile = DenseTile<ROWS, NT>;
@@ -116,7 +117,9 @@ __global__ void __launch_bounds__(DenseTile<ROWS, NT>::kThreads) dense_rows_kern
   __shared__ float partial[kDenseWarps - 1][MT][NT][4][kWarpSize];
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  const int col0 = blockIdx.x * Tile::kCols, row0 = blockIdx.y * ROWS;
+  const int row_blocks = static_cast<int>(ceil_div(p.m, ROWS));
+  const int col0 = static_cast<int>(blockIdx.x / row_blocks) * Tile::kCols;
+  const int row0 = static_cast<int>(blockIdx.x % row_blocks) * ROWS;
   const T* w = static_cast<const T*>(p.w);
   const T* x = static_cast<const T*>(p.x);
 
@@ -196,7 +199,7 @@ __global__ void __launch_bounds__(DenseTile<ROWS, NT>::kThreads) dense_rows_kern
 
 // ---- host ------------------------------------------------------------------------------------
 
-// Rows a CTA takes: the fewest of 8, 16, 32, 64 that hold m (64 past that, grid.y over the rest).
+// Rows a CTA takes: the fewest of 8, 16, 32, 64 that hold m (64 past that, more CTAs for the rest).
 inline int dense_tile_rows(int64_t m) { return m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64; }
 
 // Column tiles a CTA takes: the widest (fewest re-reads of x) that still gives every SM three
@@ -211,8 +214,8 @@ inline int dense_tile_cols(int64_t n, int64_t row_blocks, int num_sms, int force
 
 template <typename T, int ROWS, int NT>
 void launch_dense_tile(const DenseParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.n, 8 * NT)), static_cast<unsigned>(ceil_div(p.m, ROWS)));
-  dense_rows_kernel<T, ROWS, NT><<<grid, DenseTile<ROWS, NT>::kThreads, 0, stream>>>(p);
+  const int64_t ctas = ceil_div(p.n, 8 * NT) * ceil_div(p.m, ROWS);  // < 2^31 for m, n < 2^31
+  dense_rows_kernel<T, ROWS, NT><<<static_cast<unsigned>(ctas), DenseTile<ROWS, NT>::kThreads, 0, stream>>>(p);
 }
 
 template <typename T, int ROWS>
