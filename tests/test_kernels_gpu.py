@@ -986,3 +986,68 @@ def test_ops_under_cuda_graph_capture():
             else:
                 assert torch.equal(got, want)
         assert torch.equal(static.kc, fresh.kc) and torch.equal(static.vc, fresh.vc)
+
+
+def _dependent_chain(seed, steps=12):
+    """Ops each reading what the one before wrote (through registers' worth of activations and
+    through the KV cache), so that a kernel running ahead of its predecessor reads stale data."""
+    g = torch.Generator().manual_seed(seed)
+    bf = torch.bfloat16
+    x = torch.randn(16, 1024, generator=g).to(bf).to(DEV)
+    norm_w = (1 + 0.1 * torch.randn(1024, generator=g)).to(bf).to(DEV)
+    up = (torch.randn(2 * 512, 1024, generator=g) / 32).to(bf).to(DEV)
+    down = (torch.randn(1024, 512, generator=g) / 23).to(bf).to(DEV)
+    kv_proj = (torch.randn(2 * 128, 1024, generator=g) / 32).to(bf).to(DEV)
+    cs = ops.rope_cos_sin(128, 4096, 1e6).to(DEV)
+    kc = torch.zeros(64, 16, 1, 128, dtype=bf, device=DEV)
+    vc = torch.zeros_like(kc)
+    tables = torch.arange(64, dtype=torch.int32, device=DEV).view(1, -1)
+    cu_q = torch.tensor([0, 16], dtype=torch.int32, device=DEV)
+    positions = [torch.arange(16 * s, 16 * s + 16, dtype=torch.int32, device=DEV) for s in range(steps)]
+    lens = [torch.tensor([16 * s + 16], dtype=torch.int32, device=DEV) for s in range(steps)]
+
+    def run():  # no host-to-device copy inside: it is also captured
+        h, residual = x, x
+        for step in range(steps):
+            h, residual = ops.add_rms_norm(h, residual, norm_w, 1e-6)
+            h = ops.dense_matmul(ops.silu_mul(ops.dense_matmul(h, up, 1024)), down, 1024)
+            kv = ops.dense_matmul(h, kv_proj, 256).view(16, 2, 1, 128)
+            pos = positions[step]
+            q = ops.rope_write_kv(kv[:, 0].repeat(1, 4, 1), kv[:, 0], kv[:, 1], pos, cs, kc, vc, pos)
+            attn = ops.paged_attention(q, kc, vc, tables, lens[step], cu_q, 16, True, 0, 0.088)
+            h = ops.rms_norm(h + attn.reshape(16, 512).repeat(1, 2), norm_w, 1e-6)
+        return h, kc.clone(), vc.clone()
+
+    return run, (kc, vc)
+
+
+def test_programmatic_launches_keep_every_dependency(monkeypatch):
+    """DSPINE_PDL=1 (common.cuh, launch_kernel) lets a kernel be scheduled while its predecessor
+    finishes; each waits at its first line, so eager runs and graph replays give the plain
+    launches' bits (a kernel reading ahead of the wait would see stale activations or cache rows)."""
+    monkeypatch.delenv("DSPINE_PDL", raising=False)
+    run, caches = _dependent_chain(seed=0)
+    want = run()
+    monkeypatch.setenv("DSPINE_PDL", "1")
+    for kv in caches:
+        kv.zero_()
+    got = run()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for kv in caches:
+        kv.zero_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    for _ in range(3):
+        for kv in caches:
+            kv.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(captured, want):
+            assert torch.equal(a, b)
