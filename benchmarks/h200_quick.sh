@@ -32,7 +32,6 @@
 #   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
 #   dense        our CUDA GEMM for few rows against cuBLAS on the round's shapes (cuda_dense_gemm.py)
 #   round-dense  the round as `round` with the projections on our GEMM (DSPINE_DENSE_CUDA=1)
-#   round-pdl    the round as `round-dense` with programmatic dependent launches (DSPINE_PDL=1)
 #   sass-dense   the GEMM's SASS (cuobjdump): where its loads issue against its mmas
 set -u
 O=${OUT:-$PWD/quick_out}; mkdir -p "$O"
@@ -116,15 +115,11 @@ for b in ${BENCH:-}; do case $b in
     LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 \
       --kernels --out "$O/round_dense" > "$O/round_dense.log" 2>&1
     say "round-dense rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round_dense.log" | cut -c1-150) ;;
-  round-pdl) (export DSPINE_DENSE_CUDA=1 DSPINE_PDL=1
-    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 \
-      --kernels --out "$O/round_pdl" > "$O/round_pdl.log" 2>&1
-    say "round-pdl rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round_pdl.log" | cut -c1-150) ;;
   sass-dense)
     so=$(ls dspine_engine/_C*.so | head -1)
     cuobjdump -sass -fun '_ZN6dspine3gpu17dense_rows_kernelI13__nv_bfloat16Li16ELi1EEEvNS0_11DenseParamsE' "$so" \
       > "$O/sass_dense_16_1.txt" 2>&1
     say "sass-dense: $(grep -cE 'LDG' "$O/sass_dense_16_1.txt") LDG, $(grep -cE 'HMMA' "$O/sass_dense_16_1.txt") HMMA"
     grep -oE '(LDG|HMMA|BAR|BRA)[.A-Z0-9_]*' "$O/sass_dense_16_1.txt" | tr '\n' ' ' | cut -c1-600; echo ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, walk-splits, dense, round-dense, round-pdl, sass-dense)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, walk-splits, dense, round-dense, sass-dense)" ;;
 esac; done

@@ -615,7 +615,6 @@ __device__ __forceinline__ void combine_tile(const PagedAttentionParams& p, cons
 // would read up to 1 MB of partials through one SM while the others idle.
 template <typename T, int D>
 __global__ void __launch_bounds__(256) combine_splits_kernel(const PagedAttentionParams p) {
-  wait_for_prior_grid();  // launch_kernel(): see common.cuh
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   if (row >= p.num_tokens * p.q_heads) return;
   combine_row<T, D>(p, row);
@@ -625,7 +624,6 @@ __global__ void __launch_bounds__(256) combine_splits_kernel(const PagedAttentio
 template <typename T, int D, bool KEY_SPLIT>
 __global__ void __launch_bounds__(MmaTile<T, D, KEY_SPLIT>::kThreads)
 paged_attention_mma_kernel(const PagedAttentionParams p) {
-  wait_for_prior_grid();  // launch_kernel(): see common.cuh
   using C = MmaTile<T, D, KEY_SPLIT>;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
@@ -710,7 +708,6 @@ constexpr int kSimtMaxHeadDim = 256;
 
 template <typename T>
 __global__ void __launch_bounds__(128) paged_attention_simt_kernel(const PagedAttentionParams p) {
-  wait_for_prior_grid();  // launch_kernel(): see common.cuh
   constexpr int kPerLane = kSimtMaxHeadDim / kWarpSize;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -947,18 +944,17 @@ void launch_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   if (C::kKeySplit && p.num_splits > 1)  // errors surface through cudaGetLastError, as a launch's do
     cudaMemsetAsync(p.arrivals, 0, static_cast<size_t>(p.batch) * p.kv_heads * row_tiles * sizeof(int), stream);
   allow_max_dynamic_smem<kernel>();
-  launch_kernel(kernel, grid, C::kThreads, C::kSmemBytes, stream, p);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   if (!C::kKeySplit && p.num_splits > 1) {
     const int64_t rows = p.num_tokens * p.q_heads;
-    launch_kernel(combine_splits_kernel<typename C::Elem, C::kD>, static_cast<unsigned>(ceil_div(rows, 8)), 256, 0,
-                  stream, p);
+    combine_splits_kernel<typename C::Elem, C::kD><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(p);
   }
 }
 
 template <typename T>
 void launch_attention_simt(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t warps = p.num_tokens * p.q_heads;
-  launch_kernel(paged_attention_simt_kernel<T>, static_cast<unsigned>(ceil_div(warps, 4)), 128, 0, stream, p);
+  paged_attention_simt_kernel<T><<<static_cast<unsigned>(ceil_div(warps, 4)), 128, 0, stream>>>(p);
 }
 
 // plan_attention_splits<T> must have set p's split fields, and when num_splits > 1,

@@ -214,7 +214,6 @@ struct Sm90AsyncAnnouncer {
 // ASYNC_ARRIVE: the producer's announcer (Sm90AsyncAnnouncer, else Sm90WaitAnnouncer).
 template <typename T, int D, bool ASYNC_ARRIVE>
 __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_sm90_kernel(const PagedAttentionParams p) {
-  wait_for_prior_grid();  // launch_kernel(): see common.cuh
 #if DSPINE_SM90_DEVICE_CODE
   using namespace cute;
   using C = Sm90Tile<T, D>;
@@ -408,7 +407,7 @@ void launch_attention_sm90_tile(const PagedAttentionParams& p, cudaStream_t stre
   const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), 1u, static_cast<unsigned>(row_tiles));
   allow_max_dynamic_smem<kernel>();
-  launch_kernel(kernel, grid, C::kThreads, C::kSmemBytes, stream, p);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
 }
 
 }  // namespace gpu

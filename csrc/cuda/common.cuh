@@ -10,8 +10,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <utility>
 
 // A device-side check that stays on in release builds (unlike assert under NDEBUG): a kernel
 // that meets an input it must not read through stops with "device-side assert triggered" at
@@ -68,59 +66,6 @@ int allow_max_dynamic_smem() {
   limit.store(dynamic, std::memory_order_relaxed);
   done.fetch_or(bit, std::memory_order_release);
   return dynamic;
-}
-
-// ---- launches: programmatic dependent launch (Hopper and newer) -------------------------------
-//
-// Every kernel of ours starts with wait_for_prior_grid() and is launched through launch_kernel().
-// With DSPINE_PDL=1 on an sm_90+ device, launch_kernel() lets the GPU schedule the kernel's CTAs
-// while the kernel before it on the stream is still finishing (the launch attribute
-// cudaLaunchAttributeProgrammaticStreamSerialization; a CUDA graph captures it as a programmatic
-// edge); they then wait at the kernel's first line until
-// that kernel has completed and its writes are visible. Nothing is read or written before the
-// wait, so the order of effects is the plain launch's; what is saved is the gap between two
-// kernels (CTA launch, parameter loads), ~1 us each in a round of ~800 launches. Without the
-// attribute (the default until measured, older GPUs) the wait returns at once.
-__device__ __forceinline__ void wait_for_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-// Whether launches on the current device may overlap their predecessor (read at every launch,
-// like the kernels' other knobs; the device's capability asked once per device).
-inline bool programmatic_launch_allowed() {
-  const char* env = std::getenv("DSPINE_PDL");
-  if (!(env && env[0] == '1')) return false;
-  static std::atomic<int> major[64];  // per device; 0 = not asked yet
-  int dev = 0;
-  cudaGetDevice(&dev);
-  int m = major[dev & 63].load(std::memory_order_relaxed);
-  if (m == 0) {
-    cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev);
-    major[dev & 63].store(m, std::memory_order_relaxed);
-  }
-  return m >= 9;
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic attribute when allowed.
-// Errors surface through cudaGetLastError, as a <<<>>> launch's do.
-template <typename... Params, typename... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (programmatic_launch_allowed()) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
-  cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // ---- element conversions (all arithmetic happens in fp32) ------------------------------------

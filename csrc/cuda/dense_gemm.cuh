@@ -67,6 +67,17 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+
 // Tile shape: ROWS rows of x (8: only the mma's upper 8 rows are loaded), NT column tiles of 8.
 template <int ROWS, int NT>
 struct DenseTile {
@@ -101,7 +112,6 @@ __device__ __forceinline__ void dense_chunk(float (&acc)[MT][NT][4], const uint4
 // adjacent (they run together and share the tile's weight bytes in L2); block: 128 threads.
 template <typename T, int ROWS, int NT>
 __global__ void __launch_bounds__(DenseTile<ROWS, NT>::kThreads) dense_rows_kernel(const DenseParams p) {
-  wait_for_prior_grid();  // launch_kernel(): see common.cuh
   using Tile = DenseTile<ROWS, NT>;
   constexpr int MT = Tile::kMTiles, B = Tile::kBatch;
   __shared__ float partial[kDenseWarps - 1][MT][NT][4][kWarpSize];
@@ -205,8 +215,7 @@ inline int dense_tile_cols(int64_t n, int64_t row_blocks, int num_sms, int force
 template <typename T, int ROWS, int NT>
 void launch_dense_tile(const DenseParams& p, cudaStream_t stream) {
   const int64_t ctas = ceil_div(p.n, 8 * NT) * ceil_div(p.m, ROWS);  // < 2^31 for m, n < 2^31
-  launch_kernel(dense_rows_kernel<T, ROWS, NT>, static_cast<unsigned>(ctas), DenseTile<ROWS, NT>::kThreads, 0, stream,
-                p);
+  dense_rows_kernel<T, ROWS, NT><<<static_cast<unsigned>(ctas), DenseTile<ROWS, NT>::kThreads, 0, stream>>>(p);
 }
 
 template <typename T, int ROWS>

@@ -135,7 +135,6 @@ __device__ __forceinline__ void publish_candidate(const WalkParams& p, int64_t r
 
 template <typename T, int MAXK>
 __global__ void __launch_bounds__(kRowThreads) walk_topk_kernel(const WalkParams p) {
-  wait_for_prior_grid();  // launch_kernel(): see common.cuh
   __shared__ float top_v[MAXK];
   __shared__ int top_id[MAXK];
   __shared__ BestScratch best;
@@ -359,7 +358,6 @@ __device__ inline void merge_rows(const WalkParams& p, int b, int j, int64_t* pr
 
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads) walk_pairs_kernel(const WalkParams p) {
-  wait_for_prior_grid();  // launch_kernel(): see common.cuh
   extern __shared__ __align__(16) unsigned char walk_smem[];
   __shared__ int64_t merged_prev[kWalkMaxK];
   const int b = blockIdx.x / p.positions, j = blockIdx.x % p.positions;
@@ -383,7 +381,7 @@ inline size_t walk_smem_bytes(const WalkParams& p, size_t elem) {
 template <typename T, int MAXK>
 void launch_walk_topk(const WalkParams& p, cudaStream_t stream) {
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.positions * (p.topk_splits > 1 ? p.topk_splits : 1);
-  launch_kernel(walk_topk_kernel<T, MAXK>, static_cast<unsigned>(ctas), kRowThreads, 0, stream, p);
+  walk_topk_kernel<T, MAXK><<<static_cast<unsigned>(ctas), kRowThreads, 0, stream>>>(p);
 }
 
 // Dynamic shared memory the pair/walk kernel may use on this device (static part excluded).
@@ -406,7 +404,7 @@ void launch_transition_walk(const WalkParams& p, cudaStream_t stream) {
   }
   const size_t smem = walk_smem_bytes(p, sizeof(T));
   if (smem > 48 * 1024) walk_smem_limit<T>();
-  launch_kernel(walk_pairs_kernel<T>, static_cast<unsigned>(p.batch * p.positions), kRowThreads, smem, stream, p);
+  walk_pairs_kernel<T><<<static_cast<unsigned>(p.batch * p.positions), kRowThreads, smem, stream>>>(p);
 }
 
 }  // namespace gpu
