@@ -65,5 +65,21 @@ inline AttentionPath choose_attention_path(const AttentionShape& s, const Attent
   return rows >= kSm90BlockM && tiles >= d.num_sms ? AttentionPath::kSm90 : AttentionPath::kMma;
 }
 
+// How the sm90 producer announces its loads (attention_sm90.cuh): the async announcer (arrivals
+// handed to the copy unit, every free stage's load in flight) at head dim 128, the waiting one
+// at 64. Measured side by side (H100, 26th session, kernel_bench.py --modes prefill --sm90
+// compare, causal, batch 1): head dim 128 (Qwen3-8B) 4K 848 -> 778 us, 8K 3099 -> 2787 us
+// with async; head dim 64 (SmolLM2) 4K 138 -> 147 us, 8K 466 -> 509 us, slower: its tiles are
+// half the bytes and four stages deep, so the waiting producer already keeps them fed and the
+// async arrivals only add barrier traffic. forced: "async" or "wait" (DSPINE_SM90_ARRIVE, the
+// tests run both), anything else the default.
+inline bool sm90_async_arrivals(int head_dim, const char* forced) {
+  if (forced != nullptr && forced[0] != '\0') {
+    if (forced[0] == 'a') return true;   // async
+    if (forced[0] == 'w') return false;  // wait
+  }
+  return head_dim >= 128;
+}
+
 }  // namespace gpu
 }  // namespace dspine

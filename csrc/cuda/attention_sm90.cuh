@@ -178,7 +178,8 @@ __device__ __forceinline__ void sm90_load_tile(TS& dst, const void* cache, const
 //                       earlier copies have landed) and goes on at once, so as many loads are in
 //                       flight as the rings have free stages; the ordering into wgmma's reads is
 //                       the barrier's (as CUTLASS's cp.async warp-specialised mainloops rely on).
-// Both are kept while the H200 measures them side by side (DSPINE_SM90_ARRIVE, launch below).
+// Both are kept: async is faster at head dim 128, wait at 64 (sm90_async_arrivals in
+// attention_heuristics.h, with the measurements).
 struct Sm90WaitAnnouncer {
   uint64_t* pending = nullptr;  // `full` barrier of the load issued last, not yet announced
 

@@ -6,9 +6,9 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #include "attention_sm90.cuh"
+#include "attention_heuristics.h"
 #include "attention_sm90.h"
 
 namespace dspine {
@@ -49,15 +49,6 @@ bool attention_sm90_runnable() {
   return ok;
 }
 
-// DSPINE_SM90_ARRIVE=async: the producer hands its arrivals to the copy unit
-// (Sm90AsyncAnnouncer); unset or anything else: each thread waits for its copies
-// (Sm90WaitAnnouncer). Read at every launch so the tests and benchmarks can run both in one
-// process; kept only until the H200 has measured the two (issue 12).
-static bool sm90_async_arrive() {
-  const char* env = std::getenv("DSPINE_SM90_ARRIVE");
-  return env != nullptr && std::strcmp(env, "async") == 0;
-}
-
 template <typename T, bool ASYNC_ARRIVE>
 void launch_attention_sm90_head_dim(const PagedAttentionParams& p, cudaStream_t stream) {
   if (p.head_dim == 64)
@@ -70,7 +61,8 @@ template <typename T>
 void launch_attention_sm90(const PagedAttentionParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.batch == 0 || p.max_q_len <= 0) return;
   g_sm90_launches.fetch_add(1, std::memory_order_relaxed);
-  if (sm90_async_arrive())
+  // DSPINE_SM90_ARRIVE (async / wait) read at every launch, so tests run both in one process.
+  if (sm90_async_arrivals(p.head_dim, std::getenv("DSPINE_SM90_ARRIVE")))
     launch_attention_sm90_head_dim<T, true>(p, stream);
   else
     launch_attention_sm90_head_dim<T, false>(p, stream);
