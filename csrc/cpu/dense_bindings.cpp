@@ -3,9 +3,9 @@
 // projections go through cuBLAS (dspine_engine/models/dense.py).
 #include <torch/all.h>
 
-#include <vector>
 #include <torch/library.h>
 
+#include "../dense_binding.h"
 #include "dense_gemm.h"
 
 namespace dspine {
@@ -34,12 +34,6 @@ at::Tensor check_args(const at::Tensor& x, const at::Tensor& weight, int64_t n) 
   return x.contiguous();
 }
 
-std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  return sizes;
-}
-
 void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y) {
   const int64_t k = x.size(-1), count = y.numel() / n;  // rows (also when k = 0)
   switch (x.scalar_type()) {
@@ -58,7 +52,7 @@ void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y
 
 at::Tensor dense_matmul(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features) {
   const auto x = check_args(x_in, weight, out_features);
-  auto y = at::empty(out_sizes(x, out_features), x.options());
+  auto y = at::empty(dense_binding::out_sizes(x, out_features), x.options());
   run(x, weight, out_features, y);
   return y;
 }
@@ -67,11 +61,7 @@ at::Tensor dense_matmul(const at::Tensor& x_in, const at::Tensor& weight, int64_
 at::Tensor& dense_matmul_out(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features,
                              at::Tensor& out) {
   const auto x = check_args(x_in, weight, out_features);
-  const auto sizes = out_sizes(x, out_features);
-  TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == x.scalar_type() && out.is_contiguous() &&
-                  out.sizes() == at::IntArrayRef(sizes),
-              "dense_matmul: out must be a contiguous ", x.scalar_type(), " CPU tensor of shape ",
-              at::IntArrayRef(sizes), " (got ", out.scalar_type(), " ", out.sizes(), " on ", out.device(), ")");
+  dense_binding::check_out(out, x, out_features);
   run(x, weight, out_features, out);
   return out;
 }

@@ -2,10 +2,10 @@
 // allocation through the caching allocator, launch on the current stream (graph-capturable).
 // On CUDA the weight keeps the checkpoint layout [n, k] (ops.dense_pack leaves it as it is).
 #include <type_traits>
-#include <vector>
 
 #include <torch/library.h>
 
+#include "../dense_binding.h"
 #include "binding.h"
 #include "dense_gemm.cuh"
 
@@ -33,12 +33,6 @@ at::Tensor check_dense_args(const at::Tensor& x_in, const at::Tensor& weight, in
   TORCH_CHECK(n <= INT32_MAX && k <= INT32_MAX, op, ": n and k must fit in 32 bits");
   auto x = x_in.contiguous();
   return gpu::is_aligned16(x.data_ptr()) ? x : x.clone();  // a view at an odd offset
-}
-
-std::vector<int64_t> out_sizes(const at::Tensor& x, int64_t n) {
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  return sizes;
 }
 
 void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y) {
@@ -69,7 +63,7 @@ void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y
 
 at::Tensor dense_matmul(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features) {
   const auto x = check_dense_args(x_in, weight, out_features);
-  auto y = at::empty(out_sizes(x, out_features), x.options());
+  auto y = at::empty(dense_binding::out_sizes(x, out_features), x.options());
   run(x, weight, out_features, y);
   return y;
 }
@@ -77,11 +71,7 @@ at::Tensor dense_matmul(const at::Tensor& x_in, const at::Tensor& weight, int64_
 at::Tensor& dense_matmul_out(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features,
                              at::Tensor& out) {
   const auto x = check_dense_args(x_in, weight, out_features);
-  const auto sizes = out_sizes(x, out_features);
-  TORCH_CHECK(out.device() == x.device() && out.scalar_type() == x.scalar_type() && out.is_contiguous() &&
-                  out.sizes() == at::IntArrayRef(sizes),
-              "dense_matmul: out must be a contiguous ", x.scalar_type(), " tensor of shape ", at::IntArrayRef(sizes),
-              " on ", x.device(), " (got ", out.scalar_type(), " ", out.sizes(), " on ", out.device(), ")");
+  dense_binding::check_out(out, x, out_features);
   run(x, weight, out_features, out);
   return out;
 }
