@@ -1,6 +1,6 @@
 // Torch bindings of the row-invariant dense GEMM (dense_gemm.h): argument checks, dtype dispatch
-// and allocation, or checks of the caller's output (the .out overload). CPU only: on CUDA the
-// projections go through cuBLAS (dspine_engine/models/dense.py).
+// and allocation, or checks of the caller's output (the .out overload). The CUDA backend (rows of
+// the checkpoint-layout weight) is csrc/cuda/cuda_dense.cu.
 #include <torch/all.h>
 
 #include <torch/library.h>
@@ -51,25 +51,20 @@ void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y
 }  // namespace
 
 at::Tensor dense_matmul(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features) {
-  const auto x = check_args(x_in, weight, out_features);
-  auto y = at::empty(dense_binding::out_sizes(x, out_features), x.options());
-  run(x, weight, out_features, y);
-  return y;
+  return dense_binding::matmul(x_in, weight, out_features, check_args, run);
 }
 
 // Into a caller's buffer (a preallocated activation, or a guarded or poisoned one in the tests).
 at::Tensor& dense_matmul_out(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features,
                              at::Tensor& out) {
-  const auto x = check_args(x_in, weight, out_features);
-  dense_binding::check_out(out, x, out_features);
-  run(x, weight, out_features, out);
-  return out;
+  return dense_binding::matmul_out(x_in, weight, out_features, out, check_args, run);
 }
 
 }  // namespace cpu
 }  // namespace dspine
 
-// Registered here rather than in ops.cpp: a CPU-only op with its own schema fragment.
+// Registered here rather than in ops.cpp: the op's schema fragment (its weight is laid out per
+// device, so it is not an op-table row); the CUDA backend registers in csrc/cuda/cuda_dense.cu.
 TORCH_LIBRARY_FRAGMENT(dspine, m) {
   m.def("dense_matmul(Tensor x, Tensor weight, int out_features) -> Tensor");
   m.def("dense_matmul.out(Tensor x, Tensor weight, int out_features, *, Tensor(a!) out) -> Tensor(a!)");

@@ -62,18 +62,13 @@ void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y
 }  // namespace
 
 at::Tensor dense_matmul(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features) {
-  const auto x = check_dense_args(x_in, weight, out_features);
-  auto y = at::empty(dense_binding::out_sizes(x, out_features), x.options());
-  run(x, weight, out_features, y);
-  return y;
+  return dense_binding::matmul(x_in, weight, out_features, check_dense_args, run);
 }
 
+// Into a caller's buffer (a preallocated activation, or a guarded or poisoned one in the tests).
 at::Tensor& dense_matmul_out(const at::Tensor& x_in, const at::Tensor& weight, int64_t out_features,
                              at::Tensor& out) {
-  const auto x = check_dense_args(x_in, weight, out_features);
-  dense_binding::check_out(out, x, out_features);
-  run(x, weight, out_features, out);
-  return out;
+  return dense_binding::matmul_out(x_in, weight, out_features, out, check_dense_args, run);
 }
 
 }  // namespace cuda
