@@ -47,7 +47,9 @@ rc=$?; say "build rc $rc"; tail -2 "$O/build.log"; [ $rc = 0 ] || exit 1
 grep -E "csrc/.*(warning|error)" "$O/build.log" | sort -u | head
 # A hung kernel fails its test instead of the whole call, where pytest-timeout is carried
 # (.whl/pytest_timeout-*.whl): the thread method ends the stuck worker, xdist starts another.
-per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-90} --timeout-method thread"
+# 180 s a test: the batch-32 walk cases' CPU references took over 90 s beside the other batch-32
+# cases at the end of a 12-worker run (H100, 26th session), and 90 killed them.
+per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-180} --timeout-method thread"
 LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-150} python3 -m pytest -q -m gpu -n 12 ${TEST_FILES:-tests/test_kernels_gpu.py} \
   -rf --durations=10 $per_test ${TEST_K:+-k "$TEST_K"} > "$O/gpu_tests.log" 2>&1
 say "gpu tests rc $?: $(tail -1 "$O/gpu_tests.log")"; grep -E "^(FAILED|ERROR)" "$O/gpu_tests.log" | head -20
