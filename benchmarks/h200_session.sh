@@ -314,7 +314,7 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   wait_build
   convert_model >/dev/null || exit 1
   # A hung kernel fails its test, not the call (pytest-timeout, from .whl, where staged).
-  per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-120} --timeout-method thread"
+  per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-180} --timeout-method thread"
   LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-400} python3 -m pytest -q -m gpu -n 12 tests -rf --durations=25 $per_test ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
   # memcheck over the kernels changed since the last run (MEMCHECK_K: a pytest -k; empty skips it)
