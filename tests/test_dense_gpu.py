@@ -82,6 +82,20 @@ def test_rows_do_not_depend_on_the_call(n, k, dtype, monkeypatch):
     for cols in ("1", "2", "4"):
         monkeypatch.setenv("DSPINE_DENSE_COLS", cols)
         assert torch.equal(ops.dense_matmul(x[:16], wd, n), full[:16]), f"{cols} column tiles"
+    monkeypatch.delenv("DSPINE_DENSE_COLS")
+    monkeypatch.setenv("DSPINE_DENSE_RING", "1")  # the cp.async variant: the same chunks, same order
+    for m in (1, 8, 9, 16, 17, 33, 64, 66):
+        assert torch.equal(ops.dense_matmul(x[:m], wd, n), full[:m]), f"ring, m = {m}"
+
+
+@pytest.mark.parametrize("dtype", HALVES)
+@pytest.mark.parametrize("m,n,k", [(1, 576, 576), (16, 1000, 96), (8, 7, 32), (33, 577, 4096), (64, 96, 256)])
+def test_ring_variant_against_exact(m, n, k, dtype, monkeypatch):
+    """DSPINE_DENSE_RING=1 (chunks through a cp.async ring in shared memory) on a poisoned output."""
+    monkeypatch.setenv("DSPINE_DENSE_RING", "1")
+    x, w = _inputs(m, n, k, dtype, seed=8)
+    out = _poisoned((m, n), dtype)
+    _assert_close_to_exact(ops.dense_matmul(x.to(DEV), w.to(DEV), n, out=out), x, w)
 
 
 def test_a_nan_row_stays_in_its_row():

@@ -81,6 +81,22 @@ struct DenseTile {
   static_assert(NT == 1 || NT == 2 || NT == 4, "column tiles a CTA: 1, 2 or 4");
 };
 
+// The cp.async variant (RING): each warp streams its chunks through a private ring of shared
+// memory, kStages - 1 chunks in flight, and reads a chunk back once its copies landed. A lane's
+// pieces (NT of W, then its x rows) sit at [stage][piece][lane]: it reads only what it copied, so
+// its own cp.async.wait_group is all the ordering needed. Why it exists: the register batches
+// rely on the compiler keeping a batch's loads together, which it did not always do; copies in
+// flight cannot be moved, and they take no registers. Same chunks, same order of arithmetic: the
+// two variants agree bitwise.
+template <int ROWS, int NT>
+struct DenseRing {
+  using Tile = DenseTile<ROWS, NT>;
+  static constexpr int kPieces = NT + Tile::kMTiles * Tile::kHalves;  // 16-byte pieces a lane a chunk
+  static constexpr int kStageBytes = kPieces * kWarpSize * 16;        // one warp's chunk
+  static constexpr int kStages = 12288 / kStageBytes < 2 ? 2 : 12288 / kStageBytes > 8 ? 8 : 12288 / kStageBytes;
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kDenseWarps) * kStages * kStageBytes;
+};
+
 // One chunk of the warp: acc[mt][j] += x rows (mt) . W rows (j) over its 32 k.
 template <typename T, typename Tile, int MT, int NT>
 __device__ __forceinline__ void dense_chunk(float (&acc)[MT][NT][4], const uint4 (&wv)[NT],
@@ -99,7 +115,7 @@ __device__ __forceinline__ void dense_chunk(float (&acc)[MT][NT][4], const uint4
 
 // grid: ceil(m / ROWS) x ceil(n / (8 NT)) CTAs in one dimension, the row blocks of a column tile
 // adjacent (they run together and share the tile's weight bytes in L2); block: 128 threads.
-template <typename T, int ROWS, int NT>
+template <typename T, int ROWS, int NT, bool RING>
 __global__ void __launch_bounds__(DenseTile<ROWS, NT>::kThreads) dense_rows_kernel(const DenseParams p) {
   using Tile = DenseTile<ROWS, NT>;
   constexpr int MT = Tile::kMTiles, B = Tile::kBatch;
@@ -148,22 +164,61 @@ __global__ void __launch_bounds__(DenseTile<ROWS, NT>::kThreads) dense_rows_kern
 #pragma unroll
       for (int h = 0; h < Tile::kHalves; ++h) xv[mt][h] = load_rows_16(xrow[mt][h] + k0, xvalid >> (2 * mt + h) & 1u);
   };
-  // Whole batches, every load issued before the first mma. No guard in the batch: with one
-  // per chunk the compiler sank each chunk's loads under its guard, next to its mmas, and one
-  // chunk was in flight at a time (SASS on the H100; the kernel ran at 1.1-2.2 TB/s).
   const int chunks = p.k / kDenseChunk;
-  int c0 = warp;
-  for (; c0 + (B - 1) * kDenseWarps < chunks; c0 += B * kDenseWarps) {
-    uint4 wv[B][NT], xv[B][MT][2];
+  if constexpr (RING) {
+    using R = DenseRing<ROWS, NT>;
+    constexpr int S = R::kStages;
+    extern __shared__ __align__(16) unsigned char dense_smem[];
+    uint4* ring = reinterpret_cast<uint4*>(dense_smem) + warp * S * R::kPieces * kWarpSize + lane;
+    const auto piece = [&](int stage, int i) { return ring + (stage * R::kPieces + i) * kWarpSize; };
+    const auto issue = [&](int c, int stage) {
+      const int64_t k0 = static_cast<int64_t>(c) * kDenseChunk;
 #pragma unroll
-    for (int b = 0; b < B; ++b) load_chunk(c0 + b * kDenseWarps, wv[b], xv[b]);
+      for (int j = 0; j < NT; ++j) cp_async_16(piece(stage, j), wrow[j] + k0, true);
 #pragma unroll
-    for (int b = 0; b < B; ++b) dense_chunk<T, Tile, MT, NT>(acc, wv[b], xv[b]);
-  }
-  for (; c0 < chunks; c0 += kDenseWarps) {  // the warp's last chunks, one at a time (same order)
-    uint4 wv[NT], xv[MT][2];
-    load_chunk(c0, wv, xv);
-    dense_chunk<T, Tile, MT, NT>(acc, wv, xv);
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < Tile::kHalves; ++h)
+          cp_async_16(piece(stage, NT + mt * Tile::kHalves + h), xrow[mt][h] + k0, xvalid >> (2 * mt + h) & 1u);
+    };
+    const int mine = chunks > warp ? (chunks - warp + kDenseWarps - 1) / kDenseWarps : 0;  // chunks warp + 4i
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (i < mine) issue(warp + i * kDenseWarps, i);
+      cp_async_commit();  // one group a chunk, empty past the warp's last
+    }
+    for (int i = 0; i < mine; ++i) {
+      const int ahead = i + S - 1;  // its stage is chunk i - 1's, read into registers last step
+      if (ahead < mine) issue(warp + ahead * kDenseWarps, ahead % S);
+      cp_async_commit();
+      cp_async_wait<S - 1>();  // chunk i's group has landed
+      uint4 wv[NT], xv[MT][2];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) wv[j] = *piece(i % S, j);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < Tile::kHalves; ++h) xv[mt][h] = *piece(i % S, NT + mt * Tile::kHalves + h);
+      dense_chunk<T, Tile, MT, NT>(acc, wv, xv);
+    }
+    cp_async_wait<0>();  // the trailing empty groups
+  } else {
+    // Whole batches, every load issued before the first mma. No guard in the batch: with one
+    // per chunk the compiler sank each chunk's loads under its guard, next to its mmas, and one
+    // chunk was in flight at a time (SASS on the H100; the kernel ran at 1.1-2.2 TB/s).
+    int c0 = warp;
+    for (; c0 + (B - 1) * kDenseWarps < chunks; c0 += B * kDenseWarps) {
+      uint4 wv[B][NT], xv[B][MT][2];
+#pragma unroll
+      for (int b = 0; b < B; ++b) load_chunk(c0 + b * kDenseWarps, wv[b], xv[b]);
+#pragma unroll
+      for (int b = 0; b < B; ++b) dense_chunk<T, Tile, MT, NT>(acc, wv[b], xv[b]);
+    }
+    for (; c0 < chunks; c0 += kDenseWarps) {  // the warp's last chunks, one at a time (same order)
+      uint4 wv[NT], xv[MT][2];
+      load_chunk(c0, wv, xv);
+      dense_chunk<T, Tile, MT, NT>(acc, wv, xv);
+    }
   }
 
   // Warps 1..3 hand their sums to warp 0, which adds them in warp order and writes.
@@ -210,32 +265,47 @@ inline int dense_tile_cols(int64_t n, int64_t row_blocks, int num_sms, int force
   return 1;
 }
 
-template <typename T, int ROWS, int NT>
+template <typename T, int ROWS, int NT, bool RING>
 void launch_dense_tile(const DenseParams& p, cudaStream_t stream) {
+  constexpr auto kernel = dense_rows_kernel<T, ROWS, NT, RING>;
   const int64_t ctas = ceil_div(p.n, 8 * NT) * ceil_div(p.m, ROWS);  // < 2^31 for m, n < 2^31
-  dense_rows_kernel<T, ROWS, NT><<<static_cast<unsigned>(ctas), DenseTile<ROWS, NT>::kThreads, 0, stream>>>(p);
+  size_t smem = 0;
+  if constexpr (RING) {
+    smem = DenseRing<ROWS, NT>::kSmemBytes;
+    allow_max_dynamic_smem<kernel>();
+  }
+  kernel<<<static_cast<unsigned>(ctas), DenseTile<ROWS, NT>::kThreads, smem, stream>>>(p);
 }
 
-template <typename T, int ROWS>
+template <typename T, int ROWS, bool RING>
 void launch_dense_rows(const DenseParams& p, int nt, cudaStream_t stream) {
   switch (nt) {
-    case 4: return launch_dense_tile<T, ROWS, 4>(p, stream);
-    case 2: return launch_dense_tile<T, ROWS, 2>(p, stream);
-    default: return launch_dense_tile<T, ROWS, 1>(p, stream);
+    case 4: return launch_dense_tile<T, ROWS, 4, RING>(p, stream);
+    case 2: return launch_dense_tile<T, ROWS, 2, RING>(p, stream);
+    default: return launch_dense_tile<T, ROWS, 1, RING>(p, stream);
+  }
+}
+
+template <typename T, bool RING>
+void launch_dense_variant(const DenseParams& p, int rows, int nt, cudaStream_t stream) {
+  switch (rows) {
+    case 8: return launch_dense_rows<T, 8, RING>(p, nt, stream);
+    case 16: return launch_dense_rows<T, 16, RING>(p, nt, stream);
+    case 32: return launch_dense_rows<T, 32, RING>(p, nt, stream);
+    default: return launch_dense_rows<T, 64, RING>(p, nt, stream);
   }
 }
 
 // p's shapes checked by the caller (k % kDenseChunk == 0, 16-byte aligned rows, m, n > 0).
+// ring: the cp.async variant (DenseRing) instead of register batches; the same bits either way.
 template <typename T>
-void launch_dense_matmul(const DenseParams& p, int num_sms, int forced_cols, cudaStream_t stream) {
+void launch_dense_matmul(const DenseParams& p, int num_sms, int forced_cols, bool ring, cudaStream_t stream) {
   const int rows = dense_tile_rows(p.m);
   const int nt = dense_tile_cols(p.n, ceil_div(p.m, rows), num_sms, forced_cols);
-  switch (rows) {
-    case 8: return launch_dense_rows<T, 8>(p, nt, stream);
-    case 16: return launch_dense_rows<T, 16>(p, nt, stream);
-    case 32: return launch_dense_rows<T, 32>(p, nt, stream);
-    default: return launch_dense_rows<T, 64>(p, nt, stream);
-  }
+  if (ring)
+    launch_dense_variant<T, true>(p, rows, nt, stream);
+  else
+    launch_dense_variant<T, false>(p, rows, nt, stream);
 }
 
 }  // namespace gpu
