@@ -150,6 +150,25 @@ def test_pack_round_trips_and_pads_with_zeros():
     assert ops.dense_pack(w, out=into).data_ptr() == into.data_ptr() and torch.equal(into, packed)
 
 
+def test_layout_per_device():
+    """Off the CPU (the CUDA kernel) the packed weight is the checkpoint's [N, K] itself; which
+    dtypes and widths each backend takes (dense_matmul_supports) decides Dense's path."""
+    assert ops.dense_packed_shape(70, 5) == (2, 5, ops.DENSE_PANEL)
+    assert ops.dense_packed_shape(70, 5, "cuda") == (70, 5)
+    w = torch.randn(70, 64)
+    off_cpu = ops.dense_pack(w.to("meta").t().contiguous().t())  # a strided view made contiguous
+    assert off_cpu.device.type == "meta" and off_cpu.shape == (70, 64) and off_cpu.is_contiguous()
+    assert torch.equal(ops.dense_unpack(w, 70), w) and torch.equal(ops.dense_unpack(w, 9), w[:9])
+    packed = ops.dense_pack(w)
+    assert all(ops.dense_matmul_supports(t, packed.to(t)) for t in (torch.float32, torch.bfloat16, torch.float16))
+    assert not ops.dense_matmul_supports(torch.float64, packed.double())
+    assert not ops.dense_matmul_supports(torch.bfloat16, packed)  # x and weight dtypes differ
+    meta = torch.empty(70, 64, dtype=torch.bfloat16, device="meta")
+    assert ops.dense_matmul_supports(torch.bfloat16, meta)
+    assert not ops.dense_matmul_supports(torch.float32, meta.float())  # fp32 stays on cuBLAS
+    assert not ops.dense_matmul_supports(torch.bfloat16, meta[:, :48])  # k not a multiple of 32
+
+
 def test_empty_products():
     w = ops.dense_pack(torch.randn(10, 6))
     assert ops.dense_matmul(torch.randn(0, 6), w, 10).shape == (0, 10)
