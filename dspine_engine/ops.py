@@ -439,6 +439,8 @@ def block_verify_ref(logits, draft_tokens, cand_ids, cand_probs, temperature, to
 
 DENSE_PANEL = 64  # output columns of one packed panel (csrc/cpu/dense_gemm.h)
 DENSE_CUDA_CHUNK = 32  # k a CUDA warp takes a step (csrc/cuda/dense_gemm.cuh): k must be a multiple
+DENSE_CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what each backend computes in
+DENSE_CUDA_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def dense_packed_shape(out_features: int, in_features: int,
@@ -496,8 +498,8 @@ def dense_matmul_supports(x_dtype: torch.dtype, weight: torch.Tensor) -> bool:
     """Whether `dense_matmul` runs rows of ``x_dtype`` against this packed weight (the CUDA
     kernel takes bfloat16 / float16 and K a multiple of 32; the CPU one every float dtype)."""
     if weight.device.type == "cpu":
-        return x_dtype == weight.dtype and x_dtype in (torch.float32, torch.bfloat16, torch.float16)
-    return (x_dtype == weight.dtype and x_dtype in (torch.bfloat16, torch.float16)
+        return x_dtype == weight.dtype and x_dtype in DENSE_CPU_DTYPES
+    return (x_dtype == weight.dtype and x_dtype in DENSE_CUDA_DTYPES
             and weight.dim() == 2 and weight.shape[1] % DENSE_CUDA_CHUNK == 0)
 
 

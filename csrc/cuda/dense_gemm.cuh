@@ -38,9 +38,9 @@ struct DenseParams {
 constexpr int kDenseWarps = 4;   // split k in a CTA
 constexpr int kDenseChunk = 32;  // k a warp takes a step (one 16-byte load a lane a row)
 
-// The loads are volatile asm, as the mmas are, so that they keep their order in the source: a
-// batch's loads all issue before its first mma (left free, the compiler moved loads next to
-// their use, one chunk in flight at a time).
+// The loads are volatile asm, as the mmas are, so that the PTX keeps a batch's loads before its
+// first mma. ptxas schedules the SASS itself and may still move them (it sank each chunk's loads
+// under a per-chunk guard: docs/KERNELS.md); `sass-dense` in h200_quick.sh shows what it did.
 // 16 bytes of a weight row, read once: not kept in L1, a 256-byte L2 prefetch (rows stream).
 __device__ __forceinline__ uint4 load_weight_16(const void* p) {
   uint4 r;

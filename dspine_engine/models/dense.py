@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from .. import ops
 from .weight_arena import weight_buffer
 
-CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # those ops.dense_matmul runs
 CUDA_MAX_ROWS = 64  # the CUDA kernel's tiles hold 8-64 rows; more re-read the weight a tile
 
 
@@ -39,8 +38,8 @@ def _own_cuda_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
 
 def _packed(weight: torch.Tensor) -> torch.Tensor:
     """``weight [out, in]`` packed for ops.dense_matmul into a buffer of the weight arena."""
-    if weight.dtype not in CPU_DTYPES:
-        raise ValueError(f"a CPU projection must be one of {CPU_DTYPES}, got {weight.dtype}")
+    if weight.dtype not in ops.DENSE_CPU_DTYPES:
+        raise ValueError(f"a CPU projection must be one of {ops.DENSE_CPU_DTYPES}, got {weight.dtype}")
     shape = ops.dense_packed_shape(*weight.shape)
     buffer = weight_buffer(math.prod(shape) * weight.element_size())
     return ops.dense_pack(weight, out=buffer.view(weight.dtype).view(shape))
