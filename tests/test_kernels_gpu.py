@@ -780,6 +780,7 @@ WALK_FLOOR_CASES = [
     (32, 15, 151936, 8, torch.bfloat16),
     (1, 15, 49152, 16, torch.float32),
     (2, 3, 100003, 32, torch.float16),
+    (2, 3, 65536, 16, torch.float16),  # 16-byte rows: fp16's packed scan
     (3, 4, 8191, 1, torch.bfloat16),
 ]
 
@@ -790,9 +791,10 @@ WALK_FLOOR_CASES = [
 def test_transition_walk_candidates_exact_with_ties_nan_and_inf(case, splits, monkeypatch):
     """The candidates are the reference's exactly (value order, ties to the lower id, NaN never)
     with more tied maxima than top_k spread over the whole row (every warp and lane), NaNs beside
-    large values, and a row of -inf but for a few ids (the rest of its list is tied -inf); as
-    planned (small batches run sliced rows) and with every row in 7 slices (their merge sees empty
-    entries of a row of NaN and tied -inf entries from several slices)."""
+    large values (a whole 16-byte group of NaN, seven NaN beside the row's maximum: the packed
+    scan's group maximum must ignore them), and a row of -inf but for a few ids (the rest of its
+    list is tied -inf); as planned (small batches run sliced rows) and with every row in 7 slices
+    (their merge sees empty entries of a row of NaN and tied -inf entries from several slices)."""
     monkeypatch.setenv("DSPINE_WALK_SPLITS", splits)
     batch, j_len, vocab, top_k, dtype = case
     g = torch.Generator().manual_seed(vocab + top_k)
@@ -803,6 +805,9 @@ def test_transition_walk_candidates_exact_with_ties_nan_and_inf(case, splits, mo
     if len(rows) > 1:
         rows[-1, torch.randint(0, vocab, (40,), generator=g)] = float("nan")
         rows[-1, torch.randint(0, vocab, (top_k,), generator=g)] = 25.0
+        group = vocab // 2 // 8 * 8  # two aligned groups of eight: all NaN, and NaN around the maximum
+        rows[-1, group:group + 16] = float("nan")
+        rows[-1, group + 13] = 26.0
     if len(rows) > 2:
         rows[len(rows) // 2] = float("-inf")
         rows[len(rows) // 2, torch.randint(0, vocab, (max(1, top_k // 2),), generator=g)] = 0.0

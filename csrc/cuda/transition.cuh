@@ -27,6 +27,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 
 #include "sampling.cuh"
 
@@ -58,7 +60,9 @@ constexpr int kWalkMaxK = 32;
 
 // ---- host: how many slices a row of launch 1 takes --------------------------------------------
 
-constexpr int kWalkMinSplit = kRowThreads * kGroup * 4;  // one batch of 4 loads a thread
+constexpr int kWalkBatch = 4;                             // groups a thread loads before it scans them
+constexpr int kWalkStride = kRowThreads * kGroup;         // elements between a thread's groups
+constexpr int kWalkMinSplit = kWalkBatch * kWalkStride;   // one batch of loads a thread
 constexpr int kWalkMaxSplits = 16;                       // a merge reads <= 16 x kWalkMaxK entries
 
 // Slices a row: only while the rows leave SMs short of two CTAs each (a c = 1 round: 15 rows on
@@ -97,32 +101,119 @@ __device__ __forceinline__ float warp_kth_largest(float v, int k) {
   return __shfl_sync(kFullMask, v, k - 1);
 }
 
+// ---- the scan: a thread's K best of its strided groups ------------------------------------
+
+// Two-byte logits in pairs (bf16 or fp16), for the packed compares of the scan.
+template <typename T>
+using Packed2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
+
+// Bit e set where element e of a 16-byte group of eight 2-byte values is >= floor2 (both halves
+// the floor): four packed compares. NaN compares false, as in the per-element test it replaces.
+template <typename T>
+__device__ __forceinline__ uint32_t group_mask_at_or_above(const uint4& raw, Packed2<T> floor2) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t mask = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    Packed2<T> pair;
+    memcpy(&pair, &words[j], sizeof(pair));
+    const uint32_t m = __hge2_mask(pair, floor2);  // 0xffff per true half, low half = element 2j
+    mask |= (m & 1u) << (2 * j) | (m >> 16 & 1u) << (2 * j + 1);
+  }
+  return mask;
+}
+
+// Element e of a 16-byte group of eight 2-byte values, as a float.
+template <typename T>
+__device__ __forceinline__ float packed_element(const uint4& raw, int e) {
+  const uint32_t w = e < 4 ? (e < 2 ? raw.x : raw.y) : (e < 6 ? raw.z : raw.w);
+  const unsigned short bits = static_cast<unsigned short>((e & 1) ? w >> 16 : w & 0xffffu);
+  if constexpr (std::is_same<T, __half>::value)
+    return __half2float(__ushort_as_half(bits));
+  else
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
+// The group's elements marked in mask (those at or above the floor) into the list, one loop trip
+// each: a warp runs as many trips as its busiest lane has marks (one or two past the lists'
+// filling), not eight. Not unrolled: the insertion is an unrolled shift of MAXK slots, and eight
+// copies of it a group made the scan outgrow the instruction cache (H100 ncu, 27th session:
+// "no instruction" the main loop's first stall).
+template <typename T, int MAXK>
+__device__ __forceinline__ void take_marked(const uint4& raw, uint32_t mask, int i0, TopList<MAXK>& list) {
+#pragma unroll 1
+  for (; mask != 0; mask &= mask - 1) {
+    const int e = __ffs(mask) - 1;
+    list.push(packed_element<T>(raw, e), i0 + e);
+  }
+}
+
+// The scan's whole batches for 2-byte logits (vec_ok rows), from `base` while every group of a
+// batch lies inside the row for every thread; returns where the guarded loop goes on. Why its own
+// loop: with a guard per load the compiler issued each 16-byte load next to its first use, one
+// load in flight per thread (H100 ncu, 26th session: DRAM 34%, the four loads' first uses the top
+// stalls). Here nothing guards the loads, the next batch's loads are issued before this batch is
+// scanned (their address clamped to the last whole batch, so the final prefetch re-reads it), and
+// a group is tested against the floor with four packed compares (the floor is a value of the row,
+// or -inf, so it is exact in T).
+template <typename T, int MAXK>
+__device__ int scan_whole_batches(const T* row, int vocab, int base, int k, float& floor_v, TopList<MAXK>& list) {
+  constexpr int kStep = kWalkBatch * kWalkStride;
+  const int whole = (vocab - base) / kStep;  // the same in every thread
+  if (whole <= 0) return base;
+  const int last = base + (whole - 1) * kStep;
+  const int mine = static_cast<int>(threadIdx.x) * kGroup;
+  const auto load_batch = [&](int at, uint4(&raw)[kWalkBatch]) {
+#pragma unroll
+    for (int g = 0; g < kWalkBatch; ++g) raw[g] = __ldg(reinterpret_cast<const uint4*>(row + at + g * kWalkStride + mine));
+  };
+  uint4 cur[kWalkBatch];
+  load_batch(base, cur);
+#pragma unroll 1
+  for (; base <= last; base += kStep) {
+    uint4 next[kWalkBatch];
+    load_batch(base + kStep <= last ? base + kStep : last, next);
+    const T floor_t = from_float<T>(floor_v);
+    const Packed2<T> floor2 = {floor_t, floor_t};
+#pragma unroll
+    for (int g = 0; g < kWalkBatch; ++g) {
+      const uint32_t mask = group_mask_at_or_above<T>(cur[g], floor2);
+      if (mask != 0) take_marked<T>(cur[g], mask, base + g * kWalkStride + mine, list);
+    }
+    floor_v = warp_kth_largest(list.v[0], k);
+#pragma unroll
+    for (int g = 0; g < kWalkBatch; ++g) cur[g] = next[g];
+  }
+  return base;
+}
+
 // This thread's K best of the row (see the file's comment: strided groups, the warp's floor).
 // Every loop bound is uniform over the block, so the floor's shuffles see all lanes.
 template <typename T, int MAXK>
 __device__ void thread_top_list(const T* row, int vocab, bool vec_ok, int k, TopList<MAXK>& list) {
-  constexpr int kBatch = 4;
-  constexpr int kStride = kRowThreads * kGroup;
   const int mine = static_cast<int>(threadIdx.x) * kGroup;
   float floor_v = -INFINITY;  // an element below it has k elements of the row ranking before it
   const auto take = [&](const float(&v)[kGroup], int i0) {
-#pragma unroll
+#pragma unroll 1  // one copy of the insertion (see take_marked)
     for (int e = 0; e < kGroup; ++e)
       if (v[e] >= floor_v && i0 + e < vocab) list.push(v[e], i0 + e);  // NaN fails the compare
   };
   int base = 0;
-  for (int g = 0; g < kBatch && base < vocab; ++g, base += kStride) {  // the lists fill: a floor a group
+  for (int g = 0; g < kWalkBatch && base < vocab; ++g, base += kWalkStride) {  // the lists fill: a floor a group
     float v[kGroup];
     load_group(row, base + mine, vocab, vec_ok, v);
     take(v, base + mine);
     floor_v = warp_kth_largest(list.v[0], k);
   }
-  for (; base < vocab; base += kBatch * kStride) {
-    float v[kBatch][kGroup];
+  if constexpr (sizeof(T) == 2) {
+    if (vec_ok) base = scan_whole_batches<T, MAXK>(row, vocab, base, k, floor_v, list);
+  }
+  for (; base < vocab; base += kWalkBatch * kWalkStride) {  // what is left: guarded loads
+    float v[kWalkBatch][kGroup];
 #pragma unroll
-    for (int g = 0; g < kBatch; ++g) load_group(row, base + g * kStride + mine, vocab, vec_ok, v[g]);
+    for (int g = 0; g < kWalkBatch; ++g) load_group(row, base + g * kWalkStride + mine, vocab, vec_ok, v[g]);
 #pragma unroll
-    for (int g = 0; g < kBatch; ++g) take(v[g], base + g * kStride + mine);
+    for (int g = 0; g < kWalkBatch; ++g) take(v[g], base + g * kWalkStride + mine);
     floor_v = warp_kth_largest(list.v[0], k);
   }
 }
@@ -133,8 +224,10 @@ __device__ __forceinline__ void publish_candidate(const WalkParams& p, int64_t r
   p.cand_vals[row * p.top_k + c] = v;
 }
 
+// Four CTAs an SM at K <= 8 (64 registers a thread): a batch of 32 sequences' 15 rows is 480 CTAs,
+// one wave on 132 SMs only at four an SM (80 registers, three an SM, made it two waves).
 template <typename T, int MAXK>
-__global__ void __launch_bounds__(kRowThreads) walk_topk_kernel(const WalkParams p) {
+__global__ void __launch_bounds__(kRowThreads, MAXK <= 8 ? 4 : 1) walk_topk_kernel(const WalkParams p) {
   __shared__ float top_v[MAXK];
   __shared__ int top_id[MAXK];
   __shared__ BestScratch best;
