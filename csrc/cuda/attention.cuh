@@ -898,14 +898,12 @@ void plan_attention_splits(PagedAttentionParams& p, int num_sms, int64_t max_kv_
     }
     int64_t max_keys = max_kv_len > 0 ? max_kv_len : static_cast<int64_t>(p.max_pages) * p.page_size;
     if (p.window > 0 && p.window + static_cast<int64_t>(p.max_q_len) < max_keys) max_keys = p.window + p.max_q_len;
-    const int64_t rows = static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads);
     visit_mma_tile<T>(p, [&](auto tile) {
       using C = decltype(tile);
       SplitInputs in;
       in.work = static_cast<int64_t>(p.batch) * p.kv_heads * attention_row_tiles(p);
       in.slots = static_cast<int64_t>(num_sms) * mma_ctas_per_sm<C>();
       in.max_keys = max_keys;
-      in.rows_per_cta = rows < C::kBlockM ? rows : C::kBlockM;
       in.block_n = C::kBlockN;
       const SplitPlan plan = plan_splits(in);
       p.num_splits = plan.num_splits;

@@ -18,7 +18,6 @@ struct SplitInputs {
   int64_t work;           // CTAs without splitting: sequences x kv heads x row tiles
   int64_t slots;          // CTAs the GPU holds at once: SMs x CTAs per SM (occupancy API)
   int64_t max_keys;       // host bound on the keys one row tile reads (max context, window)
-  int64_t rows_per_cta;   // query rows (query, head) one CTA carries: partial-output rows
   int block_n;            // keys per tile of the kernel variant
 };
 
@@ -32,10 +31,14 @@ constexpr int kMaxCombineSplits = 256;
 // Why these numbers:
 // - Split only while the unsplit grid leaves SMs idle (work < slots): past one full wave the
 //   split's partial traffic and combine are pure overhead.
-// - A split reads at least max(256, 8 * rows) keys. The partials cost 8 bytes per row and head
-//   dim (fp32 write + read back) against 4 bytes per key and head dim of K/V (bf16 K and V), so
-//   8 keys per row keeps them at most a quarter of the K/V bytes; 256 keys (4 tiles of 64) keep a
-//   CTA's start-up latency (Q load, page lookups, first tile) small next to its streaming.
+// - A split may be as short as one key tile. While the grid is below one wave the call is bound
+//   by each CTA's chain of tiles (~4-5 us a 64-key tile at Qwen3-8B's heads), not by bytes, so
+//   shorter chains win even though each split writes its partial rows (8 bytes per row and head
+//   dim, fp32 out and back, mostly in L2). Measured (H100, 27th session, kernel_bench.py
+//   --splits, a 16-token verify block of Qwen3-8B heads): at batch 1, 1K keys, 2 splits (the old
+//   floor of max(256, 8 x rows) keys a split) 35.1 us, 4: 23.8, 8: 18.4, 16: 17.6; at 4K keys 8
+//   splits 37.1 us, 16: 27.3, 32: 27.4. At batch 8 the fill rule below already stops at 4 splits
+//   (the best measured: 35.2 us at 1K, 78.0 at 4K; 8 splits 43.9 / 86.7).
 //   The kernel applies the same floor at run time against the real kv_len, so a graph captured
 //   for a long context (many splits) replayed at a short one runs few, full splits and lets the
 //   rest exit at once.
@@ -45,11 +48,7 @@ constexpr int kMaxCombineSplits = 256;
 inline SplitPlan plan_splits(const SplitInputs& in) {
   const SplitPlan none{1, 0};
   if (in.work <= 0 || in.slots <= 0 || in.work >= in.slots || in.block_n <= 0) return none;
-  int64_t min_keys = 8 * in.rows_per_cta;
-  if (min_keys < 256) min_keys = 256;
-  const int64_t min_tiles = (min_keys + in.block_n - 1) / in.block_n;
-  const int64_t max_tiles = (in.max_keys + in.block_n - 1) / in.block_n + 1;  // +1: unaligned start
-  int64_t limit = max_tiles / min_tiles;
+  int64_t limit = (in.max_keys + in.block_n - 1) / in.block_n + 1;  // tiles; +1: unaligned start
   if (limit > kMaxSplits) limit = kMaxSplits;
   if (limit < 2) return none;
   // Fill of the last wave, in parts per million, of a grid of work * s CTAs.
@@ -63,7 +62,7 @@ inline SplitPlan plan_splits(const SplitInputs& in) {
     if (fill(s) > best) best = fill(s);
   int64_t splits = 1;
   while (splits < limit && fill(splits) * 100 < best * 95) ++splits;
-  return SplitPlan{static_cast<int>(splits), static_cast<int>(min_tiles)};
+  return SplitPlan{static_cast<int>(splits), 1};
 }
 
 }  // namespace gpu
