@@ -69,10 +69,12 @@ def test_dense_matmul_writes_only_its_output(dtype):
 @pytest.mark.parametrize("n,k", [(576, 576), (1536, 576), (4096, 4096), (100, 96)])
 def test_rows_do_not_depend_on_the_call(n, k, dtype, monkeypatch):
     """Row i alone, inside the first m rows for every m up to 66, at another position of the
-    call and under every column tiling: the same bits."""
+    call, under every column tiling and through either loader: the same bits."""
     x, w = _inputs(66, n, k, dtype, seed=2)
     x, wd = x.to(DEV), w.to(DEV)
+    monkeypatch.setenv("DSPINE_DENSE_RING", "0")  # the register batches
     full = ops.dense_matmul(x, wd, n)
+    monkeypatch.delenv("DSPINE_DENSE_RING")  # each call's own choice (the ring for few rows, n < 16384)
     alone = torch.cat([ops.dense_matmul(x[i:i + 1], wd, n) for i in range(x.shape[0])])
     assert torch.equal(full, alone)
     for m in (2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65):

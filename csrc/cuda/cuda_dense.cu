@@ -50,13 +50,15 @@ void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y
   p.m = static_cast<int>(m);
   p.n = static_cast<int>(n);
   p.k = static_cast<int>(k);
-  // DSPINE_DENSE_COLS (1, 2, 4): column tiles a CTA; DSPINE_DENSE_RING=1: the cp.async variant.
-  // Tuning aids read at every call; the result does not change with either.
-  const int forced = env_int("DSPINE_DENSE_COLS", 0);
-  const bool ring = env_int("DSPINE_DENSE_RING", 0) == 1;
+  // DSPINE_DENSE_COLS (1, 2, 4): column tiles a CTA; DSPINE_DENSE_RING: 1 the cp.async ring, 0
+  // the register batches (unset: gpu::dense_use_ring). Tuning aids read at every call; the
+  // result does not change with either.
+  const int forced_cols = env_int("DSPINE_DENSE_COLS", 0);
+  const int forced_ring = env_int("DSPINE_DENSE_RING", -1);
   dispatch_float(x.scalar_type(), "dense_matmul", [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (!std::is_same<T, float>::value) gpu::launch_dense_matmul<T>(p, num_sms(), forced, ring, stream());
+    if constexpr (!std::is_same<T, float>::value)
+      gpu::launch_dense_matmul<T>(p, num_sms(), forced_cols, forced_ring, stream());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -265,6 +265,20 @@ inline int dense_tile_cols(int64_t n, int64_t row_blocks, int num_sms, int force
   return 1;
 }
 
+// Which loader streams the weights: the cp.async ring (DenseRing) or register batches; the same
+// bits either way. The ring keeps more chunks in flight per warp (up to 7), which pays where the
+// grid is small: few column tiles (n < 16384: one CTA per 8 columns is at most ~4 CTAs an SM on
+// 132 SMs) and rows few enough that a chunk's x pieces stay small beside its weight piece (m <= 8:
+// one x piece a lane). Measured (H100, 27th session, cuda_dense_gemm.py, cold weights, us, ring /
+// registers): Qwen3-8B down 39.0 / 59.1 at 1 row, 48.4 / 59.3 at 8; o 14.3 / 20.2, 16.6 / 20.3;
+// qkv 20.8 / 23.1, 22.8 / 23.4; SmolLM2's four projections 0.42-1.05x at 1-8 rows; but qkv at
+// 16 rows 29.5 / 23.7, gate_up (n = 24576) 78.7 / 69.4 and lm_head 487 / 410 at 1 row.
+// forced: 1 the ring, 0 the register batches (DSPINE_DENSE_RING), anything else this rule.
+inline bool dense_use_ring(int64_t m, int64_t n, int forced) {
+  if (forced == 0 || forced == 1) return forced == 1;
+  return m <= 8 && n < 16384;
+}
+
 template <typename T, int ROWS, int NT, bool RING>
 void launch_dense_tile(const DenseParams& p, cudaStream_t stream) {
   constexpr auto kernel = dense_rows_kernel<T, ROWS, NT, RING>;
@@ -297,12 +311,12 @@ void launch_dense_variant(const DenseParams& p, int rows, int nt, cudaStream_t s
 }
 
 // p's shapes checked by the caller (k % kDenseChunk == 0, 16-byte aligned rows, m, n > 0).
-// ring: the cp.async variant (DenseRing) instead of register batches; the same bits either way.
+// forced_cols / forced_ring: dense_tile_cols's and dense_use_ring's overrides.
 template <typename T>
-void launch_dense_matmul(const DenseParams& p, int num_sms, int forced_cols, bool ring, cudaStream_t stream) {
+void launch_dense_matmul(const DenseParams& p, int num_sms, int forced_cols, int forced_ring, cudaStream_t stream) {
   const int rows = dense_tile_rows(p.m);
   const int nt = dense_tile_cols(p.n, ceil_div(p.m, rows), num_sms, forced_cols);
-  if (ring)
+  if (dense_use_ring(p.m, p.n, forced_ring))
     launch_dense_variant<T, true>(p, rows, nt, stream);
   else
     launch_dense_variant<T, false>(p, rows, nt, stream);
