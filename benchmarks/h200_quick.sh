@@ -27,6 +27,8 @@
 #                (step_table.py --kernels; random weights, no staged model)
 #   ncu          one profiled launch of the sm90 prefill kernel at 8K (ncu-async: with
 #                DSPINE_SM90_ARRIVE=async)
+#   verify-splits  decode and verify blocks at 1K / 4K, batch 1 / 8, with 1-32 splits forced (the planner's
+#                choice at short contexts)
 #   ncu-verify   one of the round's attention (ncu_cases.py verify_qwen3_1k_b1)
 #   ncu-walk     one of the walk's top-k kernel at batch 32
 #   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
@@ -79,6 +81,10 @@ profile() {  # name, kernel name regex, then kernel_bench.py's arguments: one la
 }
 for b in ${BENCH:-}; do case $b in
   prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare ;;
+  verify-splits) (bench() {  # the same table as bench, with 150 s for the forced split counts
+      LD_PRELOAD=$CXX_LIB timeout 150 python3 benchmarks/kernel_bench.py --attention-only "$@" --out "$O/verify_splits" \
+        > "$O/verify_splits.log" 2>&1; say "verify-splits rc $?"; grep -E '^\| (shape|Qwen|Smol)' "$O/verify_splits.log"; }
+    bench --modes decode verify --shapes Qwen3-8B SmolLM2 --ctxs 1024 4096 --batches 1 8 --splits 1 2 4 8 16 32) ;;
   attention) bench attention --modes decode verify --shapes Qwen3-8B --ctxs 8192 --batches 1 8 32 ;;
   prefill-async) (export DSPINE_SM90_ARRIVE=async
     bench prefill_async --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare) ;;
@@ -119,9 +125,13 @@ for b in ${BENCH:-}; do case $b in
     say "round-dense rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round_dense.log" | cut -c1-150) ;;
   sass-dense)
     so=$(ls dspine_engine/_C*.so | head -1)
-    cuobjdump -sass -fun '_ZN6dspine3gpu17dense_rows_kernelI13__nv_bfloat16Li16ELi1EEEvNS0_11DenseParamsE' "$so" \
-      > "$O/sass_dense_16_1.txt" 2>&1
-    say "sass-dense: $(grep -cE 'LDG' "$O/sass_dense_16_1.txt") LDG, $(grep -cE 'HMMA' "$O/sass_dense_16_1.txt") HMMA"
-    grep -oE '(LDG|HMMA|BAR|BRA)[.A-Z0-9_]*' "$O/sass_dense_16_1.txt" | tr '\n' ' ' | cut -c1-600; echo ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, walk-splits, dense, round-dense, sass-dense)" ;;
+    for ring in 0 1; do  # the register batches (b0) and the cp.async ring (b1), 16 rows, 1 column tile
+      f="$O/sass_dense_16_1_ring$ring.txt"
+      cuobjdump -sass -fun "_ZN6dspine3gpu17dense_rows_kernelI13__nv_bfloat16Li16ELi1ELb${ring}EEEvNS0_11DenseParamsE" "$so" > "$f" 2>&1
+      say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
+      grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
+    done ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, walk-splits, verify-splits, dense, round-dense, sass-dense)" ;;
 esac; done
+# Everything but the profiles in one archive: a call brings back at most 8 files.
+(cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)
