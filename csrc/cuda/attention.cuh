@@ -228,24 +228,41 @@ struct RowSoftmax : RowState {
   }
 };
 
-// Source of 16-byte chunk `ch` of the row tile's query row `r` (a (token, head) pair of the GQA
-// group); a row past the tile gets a valid address that its zero-filling copy does not read.
-template <typename T, int D>
-__device__ __forceinline__ const T* q_row_chunk(const PagedAttentionParams& p, const CtaWork& w, int r, int ch) {
+// Issues the copies of a row tile's query rows (a (token, head) pair of the GQA group each) into
+// shared memory: THREADS threads, thread tid copying 16-byte chunk tid % (D / 8) of rows
+// tid / (D / 8), + THREADS / (D / 8), ...; dst(r, ch) is where chunk ch of row r goes, rows past
+// the tile are zero-filled. A thread's (token, head) is stepped from row to row, not divided out
+// again per copy: two divisions by the group a copy were ~500 instructions a warp of a verify
+// block's prologue (H100 ncu, 27th session).
+template <typename T, int D, int ROWS, int THREADS, class Dst>
+__device__ __forceinline__ void load_q_rows(const PagedAttentionParams& p, const CtaWork& w, int tid, Dst&& dst) {
+  constexpr int kChunks = D / 8;
+  static_assert(THREADS % kChunks == 0 && ROWS % (THREADS / kChunks) == 0, "every thread copies whole rows' chunk");
+  constexpr int kRowStep = THREADS / kChunks;
   const T* q = static_cast<const T*>(p.q);
-  if (r >= w.rows_here) return q;
-  const int row = w.row0 + r;
-  const int64_t token = w.q_begin + row / w.group;
-  const int head = w.kvh * w.group + row % w.group;
-  return q + token * p.q_row_stride + static_cast<int64_t>(head) * D + ch * 8;
+  const int ch = tid % kChunks, r0 = tid / kChunks;
+  int token = (w.row0 + r0) / w.group, head = (w.row0 + r0) % w.group;
+  const int token_step = kRowStep / w.group, head_step = kRowStep % w.group;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const int r = r0 + i * kRowStep;
+    const bool valid = r < w.rows_here;
+    const int64_t row_at = (w.q_begin + static_cast<int64_t>(token)) * p.q_row_stride +
+                           static_cast<int64_t>(w.kvh * w.group + head) * D + ch * 8;
+    cp_async_16(dst(r, ch), valid ? q + row_at : q, valid);
+    token += token_step;
+    head += head_step;
+    if (head >= w.group) {
+      head -= w.group;
+      ++token;
+    }
+  }
 }
 
 template <typename C>
 __device__ __forceinline__ void load_q_tile(typename C::Elem* sQ, const PagedAttentionParams& p, const CtaWork& w) {
-  for (int c = threadIdx.x; c < C::kBlockM * C::kChunks; c += C::kThreads) {
-    const int r = c / C::kChunks, ch = c % C::kChunks;
-    cp_async_16(sQ + r * C::kPitch + ch * 8, q_row_chunk<typename C::Elem, C::kD>(p, w, r, ch), r < w.rows_here);
-  }
+  load_q_rows<typename C::Elem, C::kD, C::kBlockM, C::kThreads>(
+      p, w, threadIdx.x, [&](int r, int ch) { return sQ + r * C::kPitch + ch * 8; });
 }
 
 // The cache offsets of kRun consecutive keys kp0 .. kp0 + kRun - 1 (kp0 a multiple of kRun) of
@@ -276,7 +293,34 @@ struct KeyRun {
     if (one_page) return base < 0 ? -1 : base + static_cast<int64_t>(k) * p.kv_heads * d;
     return kv_offset(table, kp, p, w.page_shift, w.kvh, d);
   }
+
+  // emit(k, offset, whole) for k = 0 .. kRun - 1, offset as offset() gives it. whole is
+  // std::true_type when every key of the run is visible and on one mapped page: the offsets are
+  // then base + k * kv_heads * d and none is -1, so the caller's copies need no test. Why: the
+  // per-key tests and 64-bit offsets were ~400 instructions a warp per 64-key tile of the mma.sync
+  // kernel (H100 ncu, 27th session, a verify block at 1K keys: a third of its instructions), and
+  // every tile but a range's first and last is whole.
+  template <class Emit>
+  __device__ __forceinline__ void visit(const int32_t* table, const PagedAttentionParams& p, const CtaWork& w,
+                                        int d, Emit&& emit) const {
+    if (base >= 0 && kp0 >= w.key_lo && kp0 + kRun - 1 <= w.key_hi) {
+      const int64_t stride = static_cast<int64_t>(p.kv_heads) * d;
+#pragma unroll
+      for (int k = 0; k < kRun; ++k) emit(k, base + k * stride, std::true_type{});
+    } else {
+#pragma unroll
+      for (int k = 0; k < kRun; ++k) emit(k, offset(k, table, p, w, d), std::false_type{});
+    }
+  }
 };
+
+// Copies 16 bytes of a cache at element offset `off` (-1: zero-fills instead), `whole` as
+// KeyRun::visit passes it (std::true_type: off is known valid, no test).
+template <typename T, class Whole>
+__device__ __forceinline__ void copy_key_chunk(void* dst, const T* cache, int64_t off, Whole) {
+  const bool valid = Whole::value || off >= 0;
+  cp_async_16(dst, valid ? cache + off : cache, valid);
+}
 
 // Issues the copies of key tile `tile` into one stage: 2 * kBlockN * D / 8 16-byte copies over
 // the CTA's threads, all in flight at once.
@@ -287,21 +331,20 @@ __device__ __forceinline__ void load_kv_tile(typename C::Elem* sK, typename C::E
   const T* kc = static_cast<const T*>(p.k_cache);
   const T* vc = static_cast<const T*>(p.v_cache);
   const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
-  auto copy_row = [&](int r, int ch, int64_t off) {
-    const bool valid = off >= 0;
-    cp_async_16(sK + r * C::kPitch + ch * 8, valid ? kc + off + ch * 8 : kc, valid);
-    cp_async_16(sV + r * C::kPitch + ch * 8, valid ? vc + off + ch * 8 : vc, valid);
+  auto copy_row = [&](int r, int ch, int64_t off, auto whole) {
+    copy_key_chunk(sK + r * C::kPitch + ch * 8, kc + ch * 8, off, whole);
+    copy_key_chunk(sV + r * C::kPitch + ch * 8, vc + ch * 8, off, whole);
   };
   if constexpr (C::kRunKeys > 0) {  // chunk ch of rows r0 .. r0 + kRunKeys - 1: one table read
     const int ch = threadIdx.x % C::kChunks, r0 = threadIdx.x / C::kChunks * C::kRunKeys;
     const KeyRun<C::kRunKeys> run(table, tile * C::kBlockN + r0, p, w, C::kD);
-#pragma unroll
-    for (int k = 0; k < C::kRunKeys; ++k) copy_row(r0 + k, ch, run.offset(k, table, p, w, C::kD));
+    run.visit(table, p, w, C::kD, [&](int k, int64_t off, auto whole) { copy_row(r0 + k, ch, off, whole); });
   } else {
     for (int c = threadIdx.x; c < C::kBlockN * C::kChunks; c += C::kThreads) {
       const int r = c / C::kChunks, kp = tile * C::kBlockN + r;
       copy_row(r, c % C::kChunks,
-               kp >= w.key_lo && kp <= w.key_hi ? kv_offset(table, kp, p, w.page_shift, w.kvh, C::kD) : -1);
+               kp >= w.key_lo && kp <= w.key_hi ? kv_offset(table, kp, p, w.page_shift, w.kvh, C::kD) : -1,
+               std::false_type{});
     }
   }
 }

@@ -264,10 +264,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     // next tile is issued before P V of this one).
     cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
     const int tid = threadIdx.x;
-    for (int c = tid; c < C::kBlockM * C::kChunks; c += 128) {
-      const int r = c / C::kChunks, ch = c % C::kChunks;
-      cp_async_16(&sQ(r, ch * 8), q_row_chunk<T, D>(p, w, r, ch), r < w.rows_here);
-    }
+    load_q_rows<T, D, C::kBlockM, 128>(p, w, tid, [&](int r, int ch) { return &sQ(r, ch * 8); });
     cp_async_commit();
     if (n_tiles == 0) {
       cp_async_wait<0>();  // no copy outlives the CTA; no consumer waits for Q
