@@ -13,8 +13,8 @@
 #          .whl/pytest_timeout-2.4.0-py3-none-any.whl
 #   bash benchmarks/h200_quick.sh                                              ~6-7 min
 #
-# Knobs: ARCHS (90a; "80;90a" for both), TEST_FILES (tests/test_kernels_gpu.py), TEST_K (pytest
-# -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, 45 s), MEMCHECK_K (pytest -k of
+# Knobs: ARCHS (90a; "80;90a" for both), TESTS (1; 0 skips the tests), TEST_FILES
+# (tests/test_kernels_gpu.py), TEST_K (pytest -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, 45 s), MEMCHECK_K (pytest -k of
 # the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest,
 # 60-200 s each):
 #   prefill      the sm90 kernel against mma.sync and cuDNN (causal, Qwen3-8B and SmolLM2 heads)
@@ -52,9 +52,11 @@ grep -E "csrc/.*(warning|error)" "$O/build.log" | sort -u | head
 # 180 s a test: the batch-32 walk cases' CPU references took over 90 s beside the other batch-32
 # cases at the end of a 12-worker run (H100, 26th session), and 90 killed them.
 per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-180} --timeout-method thread"
-LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-150} python3 -m pytest -q -m gpu -n 12 ${TEST_FILES:-tests/test_kernels_gpu.py} \
-  -rf --durations=10 $per_test ${TEST_K:+-k "$TEST_K"} > "$O/gpu_tests.log" 2>&1
-say "gpu tests rc $?: $(tail -1 "$O/gpu_tests.log")"; grep -E "^(FAILED|ERROR)" "$O/gpu_tests.log" | head -20
+if [ "${TESTS:-1}" = 1 ]; then  # TESTS=0: no tests (a baseline of a tree tested before: h200_ab.sh)
+  LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-150} python3 -m pytest -q -m gpu -n 12 ${TEST_FILES:-tests/test_kernels_gpu.py} \
+    -rf --durations=10 $per_test ${TEST_K:+-k "$TEST_K"} > "$O/gpu_tests.log" 2>&1
+  say "gpu tests rc $?: $(tail -1 "$O/gpu_tests.log")"; grep -E "^(FAILED|ERROR)" "$O/gpu_tests.log" | head -20
+fi
 if [ "${FLOORS:-1}" = 1 ]; then
   LD_PRELOAD=$CXX_LIB timeout 45 python3 benchmarks/kernel_bench.py --sampling-only --out "$O" > "$O/floors.log" 2>&1
   say "floors rc $?"; grep -E '^\| (transition_walk|block_verify)' "$O/floors.log" | head -30
