@@ -165,7 +165,8 @@ __device__ int scan_whole_batches(const T* row, int vocab, int base, int k, floa
   const int mine = static_cast<int>(threadIdx.x) * kGroup;
   const auto load_batch = [&](int at, uint4(&raw)[kWalkBatch]) {
 #pragma unroll
-    for (int g = 0; g < kWalkBatch; ++g) raw[g] = __ldg(reinterpret_cast<const uint4*>(row + at + g * kWalkStride + mine));
+    for (int g = 0; g < kWalkBatch; ++g)
+      raw[g] = __ldg(reinterpret_cast<const uint4*>(row + at + g * kWalkStride + mine));
   };
   uint4 cur[kWalkBatch];
   load_batch(base, cur);
