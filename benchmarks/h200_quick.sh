@@ -68,10 +68,11 @@ if [ -n "$MEMCHECK_K" ]; then
   say "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed|failed' "$O/memcheck.log" | tail -2 | tr '\n' ' ')"
 fi
 # Issue 12's kernel measurements, one side-by-side table each (kernel_bench.py, files in $O).
-bench() {  # name, then kernel_bench.py's arguments
+bench() {  # name, then kernel_bench.py's arguments; BENCH_S its limit, BENCH_COLS the columns shown
   local name=$1; shift
-  LD_PRELOAD=$CXX_LIB timeout 60 python3 benchmarks/kernel_bench.py --attention-only "$@" --out "$O/$name" > "$O/$name.log" 2>&1
-  say "$name rc $?"; grep -E '^\| (shape|Qwen|Smol)' "$O/$name.log" | cut -d'|' -f2-8,11-17
+  LD_PRELOAD=$CXX_LIB timeout ${BENCH_S:-60} python3 benchmarks/kernel_bench.py --attention-only "$@" --out "$O/$name" \
+    > "$O/$name.log" 2>&1
+  say "$name rc $?"; grep -E '^\| (shape|Qwen|Smol)' "$O/$name.log" | cut -d'|' -f"${BENCH_COLS:-2-8,11-17}"
 }
 profile() {  # name, kernel name regex, then kernel_bench.py's arguments: one launch, ncu --set full
   local name=$1 kernel=$2; shift 2
@@ -83,10 +84,8 @@ profile() {  # name, kernel name regex, then kernel_bench.py's arguments: one la
 }
 for b in ${BENCH:-}; do case $b in
   prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare ;;
-  verify-splits) (bench() {  # the same table as bench, with 150 s for the forced split counts
-      LD_PRELOAD=$CXX_LIB timeout 150 python3 benchmarks/kernel_bench.py --attention-only "$@" --out "$O/verify_splits" \
-        > "$O/verify_splits.log" 2>&1; say "verify-splits rc $?"; grep -E '^\| (shape|Qwen|Smol)' "$O/verify_splits.log"; }
-    bench --modes decode verify --shapes Qwen3-8B SmolLM2 --ctxs 1024 4096 --batches 1 8 --splits 1 2 4 8 16 32) ;;
+  verify-splits) BENCH_S=150 BENCH_COLS=1- bench verify_splits --modes decode verify --shapes Qwen3-8B SmolLM2 \
+      --ctxs 1024 4096 --batches 1 8 --splits 1 2 4 8 16 32 ;;  # every column: the forced counts' table too
   attention) bench attention --modes decode verify --shapes Qwen3-8B --ctxs 8192 --batches 1 8 32 ;;
   prefill-async) (export DSPINE_SM90_ARRIVE=async
     bench prefill_async --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare) ;;
