@@ -172,19 +172,49 @@ struct TopList {
   }
 };
 
-// The k (<= MAXK) best elements over all threads' lists, in order, into top_v / top_id (shared).
-// k rounds of a block-wide tournament between the list heads; the winner's owner pops it.
+// Shared memory of block_top_k: each warp's k best, in order.
 template <int MAXK>
-__device__ void block_top_k(TopList<MAXK>& list, int k, float* top_v, int* top_id, BestScratch& sh) {
+struct TopKScratch {
+  float v[kRowWarps][MAXK];
+  int id[kRowWarps][MAXK];
+};
+
+// The k (<= MAXK) best elements over all threads' lists, in order, into top_v / top_id (shared).
+// Two levels: each warp draws its own k best from its lanes' list heads (k rounds of a warp
+// tournament, shuffles only; the winner's owner pops it), then warp 0 draws the block's k best
+// from the warps' sorted k-lists, lane w holding the head of warp w's. One barrier in all, where
+// k block-wide rounds took three each (H100 ncu, 27th session: the walk's top-k kernel spent 29%
+// of its stall samples in that tournament, mostly at its barriers). The same k elements in the
+// same order: each level takes the best remaining under one strict order (ranks_before).
+template <int MAXK>
+__device__ void block_top_k(TopList<MAXK>& list, int k, float* top_v, int* top_id, TopKScratch<MAXK>& sh) {
+  static_assert(kRowWarps <= kWarpSize, "warp 0 holds a head per warp");
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   for (int c = 0; c < k; ++c) {
     float v = list.v[0];
     int id = list.id[0];
-    block_best(v, id, ranks_before, sh);
-    if (threadIdx.x == 0) {
-      top_v[c] = v;
-      top_id[c] = id;
+    warp_best(v, id, ranks_before);
+    if (list.id[0] == id) list.pop();  // ids are unique, so only the owner pops (or empty slots)
+    if (lane == 0) {
+      sh.v[warp][c] = v;
+      sh.id[warp][c] = id;
     }
-    if (list.id[0] == id) list.pop();  // ids are unique, so exactly the owner pops
+  }
+  __syncthreads();
+  if (warp == 0) {
+    int next = 0;  // lane w < kRowWarps: the first of warp w's entries not yet drawn
+    for (int c = 0; c < k; ++c) {
+      const bool has = lane < kRowWarps && next < k;
+      float v = has ? sh.v[lane][next] : -INFINITY;
+      int id = has ? sh.id[lane][next] : INT_MAX;
+      const int mine = id;
+      warp_best(v, id, ranks_before);
+      if (has && mine == id) ++next;
+      if (lane == 0) {
+        top_v[c] = v;
+        top_id[c] = id;
+      }
+    }
   }
   __syncthreads();
 }

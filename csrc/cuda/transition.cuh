@@ -4,14 +4,14 @@
 // 1. walk_topk_kernel, one CTA per (sequence, position) row of logits (or per slice of a row, when
 //    the rows alone would leave most SMs idle: see walk_topk_splits): each thread keeps a sorted
 //    register list of the K best of its groups (one pass over V, 16-byte loads, thread t reading
-//    the 8-element groups t, t + 256, ... so that a warp's loads are contiguous), then K rounds of
-//    a block-wide tournament between the list heads give the candidates C_j in order (higher
-//    score first, ties to the lower id). A warp skips every element below its floor, the K-th
-//    largest of its 32 lanes' list heads: K elements of the row already rank before it. Why: the
-//    insertion is a divergent, unrolled shift, and without the floor each lane inserted ~42 of its
-//    ~593 elements at V = 151,936, K = 8 (random logits; ~9 with the floor refreshed after each of
-//    the first four groups, the lists' filling, then every four), which kept the H200 walk at
-//    ~300 us for a batch of 32 where reading the logits takes ~35.
+//    the 8-element groups t, t + 256, ... so that a warp's loads are contiguous), then a two-level
+//    merge of the lists (block_top_k) gives the candidates C_j in order (higher score first, ties
+//    to the lower id). A warp skips every element below its floor, the K-th largest of its 32
+//    lanes' list heads: K elements of the row already rank before it. Why: the insertion is a
+//    divergent, unrolled shift, and without the floor each lane inserted ~42 of its ~593 elements
+//    at V = 151,936, K = 8 (random logits; ~9 with the floor refreshed after each of the first
+//    four groups, the lists' filling, then every four; it is now every eight), which kept the
+//    H200 walk at ~300 us for a batch of 32 where reading the logits takes ~35.
 // 2. walk_pairs_kernel, again one CTA per row: all K x K pair scores
 //    s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r] for a in C_{j-1} (the anchor for j = 0):
 //    the 2K + 1 table rows are staged into shared memory with every load in flight at once, then
@@ -107,8 +107,11 @@ __device__ __forceinline__ float warp_kth_largest(float v, int k) {
 template <typename T>
 using Packed2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
 
-// Bit e set where element e of a 16-byte group of eight 2-byte values is >= floor2 (both halves
-// the floor): four packed compares. NaN compares false, as in the per-element test it replaces.
+// The marks of a 16-byte group of eight 2-byte values at or above floor2 (both halves the floor):
+// bit j for element 2j and bit 16 + j for element 2j + 1 (j = 0..3: the group's 32-bit words),
+// which is where __hge2_mask leaves a word's two halves once masked with 0x00010001: four packed
+// compares, four ANDs folded into shifts and ORs, no repacking. NaN compares false, as in the
+// per-element test it replaces.
 template <typename T>
 __device__ __forceinline__ uint32_t group_mask_at_or_above(const uint4& raw, Packed2<T> floor2) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -117,11 +120,13 @@ __device__ __forceinline__ uint32_t group_mask_at_or_above(const uint4& raw, Pac
   for (int j = 0; j < 4; ++j) {
     Packed2<T> pair;
     memcpy(&pair, &words[j], sizeof(pair));
-    const uint32_t m = __hge2_mask(pair, floor2);  // 0xffff per true half, low half = element 2j
-    mask |= (m & 1u) << (2 * j) | (m >> 16 & 1u) << (2 * j + 1);
+    mask |= (__hge2_mask(pair, floor2) & 0x00010001u) << j;  // 0xffff per true half
   }
   return mask;
 }
+
+// Element index of mark bit b of group_mask_at_or_above.
+__device__ __forceinline__ int marked_element(int b) { return b < 16 ? 2 * b : 2 * (b - 16) + 1; }
 
 // Element e of a 16-byte group of eight 2-byte values, as a float.
 template <typename T>
@@ -143,7 +148,7 @@ template <typename T, int MAXK>
 __device__ __forceinline__ void take_marked(const uint4& raw, uint32_t mask, int i0, TopList<MAXK>& list) {
 #pragma unroll 1
   for (; mask != 0; mask &= mask - 1) {
-    const int e = __ffs(mask) - 1;
+    const int e = marked_element(__ffs(mask) - 1);
     list.push(packed_element<T>(raw, e), i0 + e);
   }
 }
@@ -170,6 +175,7 @@ __device__ int scan_whole_batches(const T* row, int vocab, int base, int k, floa
   };
   uint4 cur[kWalkBatch];
   load_batch(base, cur);
+  bool refresh = false;
 #pragma unroll 1
   for (; base <= last; base += kStep) {
     uint4 next[kWalkBatch];
@@ -181,7 +187,10 @@ __device__ int scan_whole_batches(const T* row, int vocab, int base, int k, floa
       const uint32_t mask = group_mask_at_or_above<T>(cur[g], floor2);
       if (mask != 0) take_marked<T>(cur[g], mask, base + g * kWalkStride + mine, list);
     }
-    floor_v = warp_kth_largest(list.v[0], k);
+    // Every other batch: the floor's 32-lane sort was a third of the loop's instructions, and
+    // past the lists' filling it rises slowly; a staler floor only marks a few more elements.
+    if (refresh) floor_v = warp_kth_largest(list.v[0], k);
+    refresh = !refresh;
 #pragma unroll
     for (int g = 0; g < kWalkBatch; ++g) cur[g] = next[g];
   }
@@ -231,7 +240,7 @@ template <typename T, int MAXK>
 __global__ void __launch_bounds__(kRowThreads, MAXK <= 8 ? 4 : 1) walk_topk_kernel(const WalkParams p) {
   __shared__ float top_v[MAXK];
   __shared__ int top_id[MAXK];
-  __shared__ BestScratch best;
+  __shared__ TopKScratch<MAXK> best;
   const int splits = p.topk_splits > 1 ? p.topk_splits : 1;
   const int64_t row = blockIdx.x / splits;
   const int slice = blockIdx.x % splits;
