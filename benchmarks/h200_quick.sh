@@ -31,6 +31,7 @@
 #                choice at short contexts)
 #   ncu-verify   one of the round's attention (ncu_cases.py verify_qwen3_1k_b1)
 #   ncu-walk     one of the walk's top-k kernel at batch 32
+#   ncu-pairs    one of the walk's pair-score and chain kernel at batch 32
 #   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
 #   dense        our CUDA GEMM for few rows against cuBLAS on the round's shapes (cuda_dense_gemm.py)
 #   round-dense  the round as `round` with the projections on our GEMM (DSPINE_DENSE_CUDA=1)
@@ -111,6 +112,7 @@ for b in ${BENCH:-}; do case $b in
     grep -E '^  [a-z_ ].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|Grid Size|Registers' \
       "$O/ncu_verify_1k_details.txt" ;;
   ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
+  ncu-pairs) profile walk_pairs walk_pairs_kernel --sampling-only ;;  # the walk's second launch, batch 32
   walk-splits)  # the walk's top-k pass with rows sliced n ways (480 rows at batch 32 = 3.6 per SM:
     for n in 1 2 4 8; do  # does a second, partial wave of CTAs cost it half its bandwidth?)
       DSPINE_WALK_SPLITS=$n LD_PRELOAD=$CXX_LIB timeout 45 python3 benchmarks/kernel_bench.py --sampling-only \
