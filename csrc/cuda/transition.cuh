@@ -16,8 +16,9 @@
 //    s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r] for a in C_{j-1} (the anchor for j = 0):
 //    the 2K + 1 table rows are staged into shared memory with every load in flight at once, then
 //    one warp per (a, c) pair reduces over r. The last CTA of a sequence (atomic arrival counter)
-//    walks the chain with one thread: a K-wide lookup per position (greedy first-max, or
-//    inverse-CDF over softmax(s / T)).
+//    picks every (position, predecessor) row's successor at once, a thread a row (greedy
+//    first-max, or inverse-CDF over softmax(s / T)); one thread then follows the chain through
+//    those picks, and all write its outputs.
 // The pair scores need C_{j-1} and C_j, which come from different CTAs of launch 1; a second
 // launch is the dependency-free way to wait for them while keeping the table gathers parallel.
 // Sliced rows: launch 1 leaves each slice's K best; launch 2 merges a row's slices first (one warp
@@ -313,7 +314,7 @@ inline size_t walk_stage_bytes(int top_k, int rank, size_t elem) {
 }
 inline size_t walk_chain_bytes(int positions, int top_k) {
   const size_t jk = static_cast<size_t>(positions) * top_k;
-  return (jk * top_k + jk + positions + top_k) * sizeof(float);
+  return (jk * top_k + 2 * jk + 2 * static_cast<size_t>(positions)) * sizeof(float);  // walk_sequence's
 }
 
 // Row (b, j): pair[a][c] = U_j(c) + sum_r (P[a_id, r] g_j[r]) Q[c_id, r]. prev: C_{j-1}'s ids
@@ -398,27 +399,40 @@ __device__ inline int first_argmax(const float* s, int n) {
   return best;
 }
 
-// One thread: the serial walk from the anchor over the pair scores (all operands in shared
-// memory; global memory is only written).
-__device__ inline void walk_chain(const WalkParams& p, int b, const int* ids, const float* pair, const float* u,
-                                  float t, float* q) {
+// Every row (j, a) of the pair table at once, one thread a row: the candidate the chain picks at
+// position j after predecessor a. Sampled rows are turned into q = softmax(s / T) in place (the
+// probabilities the chain reports). Only rows the chain can reach (position 0 has the anchor's).
+__device__ inline void pick_every_row(const WalkParams& p, float* pair, const float* u, float t, int* next) {
   const int J = p.positions, K = p.top_k;
-  int a = 0;  // row of the pair table: index of the previous token among its candidates
-  for (int j = 0; j < J; ++j) {
-    const int64_t row = static_cast<int64_t>(b) * J + j;
-    const float* s = pair + (j * K + a) * K;
-    int pick;
+  for (int i = threadIdx.x; i < J * K; i += blockDim.x) {
+    const int j = i / K, a = i % K;
+    if (j == 0 && a > 0) continue;
+    float* s = pair + i * K;
     if (t > 0.f) {
-      softmax_scaled(s, K, t, q);
-      pick = sample_index(q, K, u[j]);
+      softmax_scaled(s, K, t, s);
+      next[i] = sample_index(s, K, u[j]);
     } else {
-      pick = first_argmax(s, K);
-      for (int c = 0; c < K; ++c) q[c] = c == pick ? 1.f : 0.f;
+      next[i] = first_argmax(s, K);
     }
-    for (int c = 0; c < K; ++c) p.cand_probs[row * K + c] = q[c];
-    p.tokens[row] = ids[j * K + pick];
-    a = pick;
   }
+}
+
+// The chain itself is then J dependent lookups (one thread), and its outputs are written by all:
+// the serial walk over whole rows (softmax, pick, K stores a position) was ~J x 1,500 cycles.
+__device__ inline void walk_chain(const WalkParams& p, int b, const int* ids, const float* pair, const int* next,
+                                  float t, int* picks) {
+  const int J = p.positions, K = p.top_k;
+  if (threadIdx.x == 0) {
+    int a = 0;  // row of the pair table: index of the previous token among its candidates
+    for (int j = 0; j < J; ++j) picks[j] = a = next[j * K + a];
+  }
+  __syncthreads();
+  const int64_t base = static_cast<int64_t>(b) * J;
+  for (int i = threadIdx.x; i < J * K; i += blockDim.x) {
+    const int j = i / K, c = i % K, a = j == 0 ? 0 : picks[j - 1];
+    p.cand_probs[base * K + i] = t > 0.f ? pair[(j * K + a) * K + c] : c == picks[j] ? 1.f : 0.f;
+  }
+  for (int j = threadIdx.x; j < J; j += blockDim.x) p.tokens[base + j] = ids[j * K + picks[j]];
 }
 
 // Run by the last CTA of sequence b, once every row's pair scores are in global memory.
@@ -427,8 +441,10 @@ __device__ inline void walk_sequence(const WalkParams& p, int b, unsigned char* 
   float* pair = reinterpret_cast<float*>(smem);     // [J][K][K]
   int* ids = reinterpret_cast<int*>(pair + J * K * K);  // [J][K]
   float* u = reinterpret_cast<float*>(ids + J * K);  // [J]
-  float* q = u + J;                                  // [K]
+  int* next = reinterpret_cast<int*>(u + J);         // [J][K]
+  int* picks = next + J * K;                         // [J]
   const int64_t base = static_cast<int64_t>(b) * J;
+  const float t = p.temperature[b];
   __syncthreads();  // the staging area is reused
   for (int i = threadIdx.x; i < J * K * K; i += blockDim.x) pair[i] = __ldcg(p.pair + base * K * K + i);
   // Through L2 like the pair scores: with sliced rows other CTAs of this launch published them.
@@ -436,7 +452,9 @@ __device__ inline void walk_sequence(const WalkParams& p, int b, unsigned char* 
     ids[i] = static_cast<int>(__ldcg(reinterpret_cast<const long long*>(p.cand_ids) + base * K + i));
   for (int i = threadIdx.x; i < J; i += blockDim.x) u[i] = p.uniforms[base + i];
   __syncthreads();
-  if (threadIdx.x == 0) walk_chain(p, b, ids, pair, u, p.temperature[b], q);
+  pick_every_row(p, pair, u, t, next);
+  __syncthreads();
+  walk_chain(p, b, ids, pair, next, t, picks);
 }
 
 // Sliced rows: warp 0 merges row (b, j)'s slices and publishes C_j (this CTA's pair scores, and the
