@@ -792,9 +792,10 @@ def test_transition_walk_candidates_exact_with_ties_nan_and_inf(case, splits, mo
     """The candidates are the reference's exactly (value order, ties to the lower id, NaN never)
     with more tied maxima than top_k spread over the whole row (every warp and lane), NaNs beside
     large values (a whole 16-byte group of NaN, seven NaN beside the row's maximum: the packed
-    scan's group maximum must ignore them), and a row of -inf but for a few ids (the rest of its
-    list is tied -inf); as planned (small batches run sliced rows) and with every row in 7 slices
-    (their merge sees empty entries of a row of NaN and tied -inf entries from several slices)."""
+    compares against the floor must never mark them), and a row of -inf but for a few ids (the
+    rest of its list is tied -inf); as planned (small batches run sliced rows) and with every row
+    in 7 slices (their merge sees empty entries of a row of NaN and tied -inf entries from several
+    slices)."""
     monkeypatch.setenv("DSPINE_WALK_SPLITS", splits)
     batch, j_len, vocab, top_k, dtype = case
     g = torch.Generator().manual_seed(vocab + top_k)

@@ -314,7 +314,8 @@ inline size_t walk_stage_bytes(int top_k, int rank, size_t elem) {
 }
 inline size_t walk_chain_bytes(int positions, int top_k) {
   const size_t jk = static_cast<size_t>(positions) * top_k;
-  return (jk * top_k + 2 * jk + 2 * static_cast<size_t>(positions)) * sizeof(float);  // walk_sequence's
+  // walk_sequence's layout: pair [J][K][K], ids [J][K], u [J], next [J][K], picks [J] (4 bytes each)
+  return (jk * top_k + 2 * jk + 2 * static_cast<size_t>(positions)) * sizeof(float);
 }
 
 // Row (b, j): pair[a][c] = U_j(c) + sum_r (P[a_id, r] g_j[r]) Q[c_id, r]. prev: C_{j-1}'s ids
