@@ -419,16 +419,29 @@ def sampling_rows(timer: Timer, ceilings: dict, batch: int, vocab: int, greedy_o
     cand_probs = torch.softmax(torch.randn(batch, block - 1, k, **dev), -1)
     u_v = torch.rand(batch, block, **dev)
     verify_bytes = logits_v.numel() * 2
-    variants = (("greedy", 0.0, 0, 1.0), ("sampled T=1", 1.0, 0, 1.0),
-                ("sampled top-k 50", 1.0, 50, 1.0), ("sampled top-p 0.9", 1.0, 0, 0.9),
-                ("sampled top-k 50 + top-p 0.9", 1.0, 50, 0.9))
-    for name, temp, top_k, top_p in variants[:1 if greedy_only else len(variants)]:
+    # A language model's row at T = 1 is peaked, not flat: p ~ 1 / rank^2 (top token ~0.6, ten
+    # tokens ~0.94), ranks shuffled over the vocabulary, with noise.
+    ranks = torch.argsort(torch.rand(batch, block, vocab, **dev), dim=-1).float() + 1
+    peaked = (-2.0 * torch.log(ranks) + 0.5 * torch.randn(batch, block, vocab, **dev)).to(BF16)
+    del ranks
+    variants = (("greedy", 0.0, 0, 1.0, logits_v), ("sampled T=1", 1.0, 0, 1.0, logits_v),
+                ("sampled top-k 50", 1.0, 50, 1.0, logits_v), ("sampled top-p 0.9", 1.0, 0, 0.9, logits_v),
+                ("sampled top-k 50 + top-p 0.9", 1.0, 50, 0.9, logits_v),
+                ("sampled top-p 0.9, peaked rows", 1.0, 0, 0.9, peaked),
+                ("sampled top-k 50 + top-p 0.9, peaked rows", 1.0, 50, 0.9, peaked))
+    for name, temp, top_k, top_p, rows_in in variants[:1 if greedy_only else len(variants)]:
         t = torch.full((batch,), temp, **dev)
         tk = torch.full((batch,), top_k, dtype=torch.int32, **dev)
         tp = torch.full((batch,), top_p, **dev)
-        us = timer(lambda: ops.block_verify(logits_v, draft, cand_ids, cand_probs, t, tk, tp, u_v))
-        rows.append({"op": "block_verify", "variant": name, "us": us, "GBps": verify_bytes / us / 1e3,
-                     "frac_bw": verify_bytes / us / 1e3 / ceilings["copy_GBps"], "goal_us": 50.0})
+        # Filtered rows also by the radix passes alone (DSPINE_VERIFY_RADIX=1), the candidate
+        # search's baseline: the same thresholds, side by side.
+        for radix in ("0", "1") if top_k or top_p < 1 else ("0",):
+            os.environ["DSPINE_VERIFY_RADIX"] = radix
+            us = timer(lambda: ops.block_verify(rows_in, draft, cand_ids, cand_probs, t, tk, tp, u_v))
+            rows.append({"op": "block_verify", "variant": name + (" (radix passes)" if radix == "1" else ""),
+                         "us": us, "GBps": verify_bytes / us / 1e3,
+                         "frac_bw": verify_bytes / us / 1e3 / ceilings["copy_GBps"], "goal_us": 50.0})
+        os.environ.pop("DSPINE_VERIFY_RADIX")
     rows.append({"op": "torch.argmax (reference point)", "variant": "",
                  "us": timer(lambda: logits_v.argmax(-1)), "goal_us": None})
     for r in rows:

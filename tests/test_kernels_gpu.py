@@ -921,6 +921,62 @@ def test_block_verify_greedy_rows_read_in_slices(case):
         assert torch.equal(accept.cpu(), ref_accept) and torch.equal(out.cpu(), ref_out)
 
 
+def _threshold_rows(vocab, gen):
+    """(logits row, temperature, top_k, top_p) cases for the sampled rows' two threshold searches:
+    candidates gathered under a bound, or radix passes where no bound keeps them few."""
+    flat = torch.randn(vocab, generator=gen) * 3
+    ranks = torch.randperm(vocab, generator=gen).float() + 1
+    peaked = -2.0 * torch.log(ranks) + 0.5 * torch.randn(vocab, generator=gen)  # p ~ 1 / rank^2
+    cluster = flat.clone()
+    cluster[vocab // 3:vocab // 3 + 700] = float(flat.max()) + 1  # 700 tied maxima: the gather overflows
+    ties = torch.randint(-4, 5, (vocab,), generator=gen).float()  # ties at every threshold
+    holes = flat.clone()
+    holes[torch.randint(0, vocab, (vocab // 20,), generator=gen)] = float("nan")
+    holes[torch.randint(0, vocab, (50,), generator=gen)] = float("-inf")
+    return [(flat, 1.0, 1, 1.0), (flat, 1.0, 50, 1.0), (flat, 1.0, 128, 1.0), (flat, 1.0, 129, 1.0),
+            (flat, 0.7, 50, 0.9), (flat, 1.0, 0, 0.9),
+            (peaked, 1.0, 0, 0.9), (peaked, 1.0, 0, 0.5), (peaked, 0.8, 0, 0.95), (peaked, 1.0, 40, 0.9),
+            (cluster, 1.0, 50, 1.0), (cluster, 1.0, 0, 0.9),
+            (ties, 1.0, 20, 1.0), (ties, 1.0, 100, 0.8),
+            (holes, 1.0, 50, 0.9), (holes, 1.3, 0, 0.7)]
+
+
+@pytest.mark.parametrize("vocab,dtype", [(151936, torch.float32), (151936, torch.bfloat16), (300, torch.float32)])
+def test_block_verify_threshold_search_equals_radix_passes(vocab, dtype, monkeypatch):
+    """The sampled rows' top-k / top-p thresholds from gathered candidates (a bound from the chunk
+    maxima or from probability levels) are the radix passes' exactly (DSPINE_VERIFY_RADIX=1), on
+    flat and peaked rows, rows whose gather overflows, ties at the threshold, NaN and -inf, and a
+    vocabulary smaller than the gather. Each sequence probes one token at the edge of the kept set:
+    its draft with q = 1 and u = 0 is accepted iff p(token) > 0. At T = 1 without top-p the kept
+    set must also be the reference's exactly."""
+    gen = torch.Generator().manual_seed(vocab)
+    seqs = []  # (row, temperature, top_k, top_p, probed token, kept by the reference)
+    for row, temp, top_k, top_p in _threshold_rows(vocab, gen):
+        row = row.to(dtype)
+        kept = ops.sampling_probs_ref(row, temp, top_k, top_p) > 0
+        order = torch.argsort(torch.nan_to_num(row.float(), nan=-math.inf), descending=True)
+        kept_ids = order[kept[order]]
+        dropped_ids = order[~kept[order] & ~torch.isnan(row.float()[order])]
+        for tok in kept_ids[-2:].tolist() + dropped_ids[:2].tolist():
+            seqs.append((row, temp, top_k, top_p, tok, bool(kept[tok])))
+    n = len(seqs)
+    logits = torch.stack([s[0] for s in seqs])[:, None].expand(n, 2, vocab).contiguous()
+    probe = torch.tensor([[s[4]] for s in seqs])
+    args = (logits, probe, probe[..., None], torch.ones(n, 1, 1), torch.tensor([s[1] for s in seqs]),
+            torch.tensor([s[2] for s in seqs], dtype=torch.int32), torch.tensor([s[3] for s in seqs]),
+            torch.stack([torch.zeros(n), torch.rand(n, generator=gen)], 1))
+    dev_args = [a.to(DEV) for a in args]
+    got = {}
+    for radix in ("1", "0"):
+        monkeypatch.setenv("DSPINE_VERIFY_RADIX", radix)
+        got[radix] = [t.cpu() for t in ops.block_verify(*dev_args)]
+    assert torch.equal(got["0"][0], got["1"][0]) and torch.equal(got["0"][1], got["1"][1])
+    check_verify_invariants(got["0"], probe)
+    accepted = (got["0"][0] == 1).tolist()
+    exact = [i for i, s in enumerate(seqs) if s[1] == 1.0 and s[3] == 1.0]
+    assert exact and [accepted[i] for i in exact] == [seqs[i][5] for i in exact]
+
+
 # --------------------------------------------------------------------------------------------
 # CUDA graph capture
 # --------------------------------------------------------------------------------------------

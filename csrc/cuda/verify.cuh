@@ -11,7 +11,8 @@
 // - sampled rows, read by the row's first CTA alone (the others return at once: the pass needs
 //   thread-owned contiguous chunks for its inverse-CDF prefix sums): the statistics of
 //   p_j = softmax(x / T) with tie-inclusive top-k / top-p
-//   (thresholds found by radix passes over the row, no sort), p_j(d_j), the accept test
+//   (thresholds from a few gathered candidates where a bound keeps them few, else by radix passes
+//   over the row; no sort), p_j(d_j), the accept test
 //   u_j * q_j(d_j) < p_j(d_j), and per-chunk masses of p_j and of the residual max(0, p_j - q_j)
 //   (q is sparse: the residual differs from p only at the K candidates).
 // The last CTA of a sequence (atomic arrival counter) finds the first rejected row n, then the
@@ -56,6 +57,7 @@ struct VerifyParams {
   int batch, block, vocab, cand, chunk_len;
   int splits, split_len;   // greedy rows: CTAs a row, elements a slice (a multiple of kGroup)
   bool vec_ok;
+  bool radix_only;         // sampled rows' thresholds by the radix passes alone (DSPINE_VERIFY_RADIX)
 };
 
 // ---- host: the launch's shape and its one workspace ------------------------------------------
@@ -132,7 +134,7 @@ template <typename T>
 __device__ void verify_sampled_row(const VerifyParams& p, int b, int j, const T* x, VerifyScratch& sh) {
   const int row = b * p.block + j;
   const DistResult dist = row_distribution(x, p.vocab, p.chunk_len, p.vec_ok, p.temperature[b], p.top_k[b],
-                                           p.top_p[b], sh.dist);
+                                           p.top_p[b], p.radix_only, sh.dist);
   const bool has_draft = j < p.block - 1;
   const int64_t* ids = p.cand_ids + (static_cast<int64_t>(b) * (p.block - 1) + j) * p.cand;
   const float* qs = p.cand_probs + (static_cast<int64_t>(b) * (p.block - 1) + j) * p.cand;
