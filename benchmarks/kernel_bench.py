@@ -424,11 +424,14 @@ def sampling_rows(timer: Timer, ceilings: dict, batch: int, vocab: int, greedy_o
     ranks = torch.argsort(torch.rand(batch, block, vocab, **dev), dim=-1).float() + 1
     peaked = (-2.0 * torch.log(ranks) + 0.5 * torch.randn(batch, block, vocab, **dev)).to(BF16)
     del ranks
+    mixed = peaked.clone()  # a batch's high-entropy positions: one row in eight flat
+    mixed[:, ::8] = logits_v[:, ::8]
     variants = (("greedy", 0.0, 0, 1.0, logits_v), ("sampled T=1", 1.0, 0, 1.0, logits_v),
                 ("sampled top-k 50", 1.0, 50, 1.0, logits_v), ("sampled top-p 0.9", 1.0, 0, 0.9, logits_v),
                 ("sampled top-k 50 + top-p 0.9", 1.0, 50, 0.9, logits_v),
                 ("sampled top-p 0.9, peaked rows", 1.0, 0, 0.9, peaked),
-                ("sampled top-k 50 + top-p 0.9, peaked rows", 1.0, 50, 0.9, peaked))
+                ("sampled top-k 50 + top-p 0.9, peaked rows", 1.0, 50, 0.9, peaked),
+                ("sampled top-p 0.9, peaked rows, 1 in 8 flat", 1.0, 0, 0.9, mixed))
     for name, temp, top_k, top_p, rows_in in variants[:1 if greedy_only else len(variants)]:
         t = torch.full((batch,), temp, **dev)
         tk = torch.full((batch,), top_k, dtype=torch.int32, **dev)
