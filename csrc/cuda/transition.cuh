@@ -15,7 +15,8 @@
 // 2. walk_pairs_kernel, again one CTA per row: all K x K pair scores
 //    s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r] for a in C_{j-1} (the anchor for j = 0):
 //    the 2K + 1 table rows are staged into shared memory with every load in flight at once, then
-//    one warp per (a, c) pair reduces over r. The last CTA of a sequence (atomic arrival counter)
+//    a warp per predecessor a reduces over r for 8 candidates c at once. The last CTA of a
+//    sequence (atomic arrival counter)
 //    picks every (position, predecessor) row's successor at once, a thread a row (greedy
 //    first-max, or inverse-CDF over softmax(s / T)); one thread then follows the chain through
 //    those picks, and all write its outputs.
@@ -310,7 +311,7 @@ __device__ inline void merge_slices(const WalkParams& p, int64_t row, float* ent
 
 // Shared memory of launch 2: the staged table rows, later reused by the walk.
 inline size_t walk_stage_bytes(int top_k, int rank, size_t elem) {
-  return (2 * static_cast<size_t>(top_k) + 1) * rank * elem + 2 * top_k * sizeof(int);
+  return (2 * static_cast<size_t>(top_k) + 1) * rank * elem + 3 * top_k * sizeof(int);  // ids, U, rows
 }
 inline size_t walk_chain_bytes(int positions, int top_k) {
   const size_t jk = static_cast<size_t>(positions) * top_k;
@@ -332,12 +333,14 @@ __device__ void pair_scores_of_row(const WalkParams& p, int b, int j, unsigned c
   }
   const int n_prev = j == 0 ? 1 : K;
   int* ids = reinterpret_cast<int*>(smem);  // [n_prev] predecessors, then [K] candidates (-1: none)
-  T* rows = reinterpret_cast<T*>(smem + 2 * K * sizeof(int));  // [n_prev] P, [K] Q, [1] g_j
+  float* svals = reinterpret_cast<float*>(ids + 2 * K);  // [K] the candidates' U
+  T* rows = reinterpret_cast<T*>(svals + K);              // [n_prev] P, [K] Q, [1] g_j
   for (int i = threadIdx.x; i < n_prev + K; i += blockDim.x) {
     const int64_t id = i >= n_prev ? p.cand_ids[row * K + i - n_prev]
                        : j == 0    ? p.anchor[b]
                                    : prev[i];
     ids[i] = id >= 0 && id < p.vocab ? static_cast<int>(id) : -1;
+    if (i < K) svals[i] = vals[i];
   }
   __syncthreads();
   const T* pred = static_cast<const T*>(p.pred);
@@ -368,16 +371,30 @@ __device__ void pair_scores_of_row(const WalkParams& p, int b, int j, unsigned c
       if (base + u * blockDim.x < total) rows[base + u * blockDim.x] = staged[u];
   }
   __syncthreads();
+  // A warp per predecessor a, kPairBatch candidates at a time: P[a] g_j once per element, then
+  // independent accumulators whose warp sums interleave (a warp per pair had spent most of its
+  // time in one dependent butterfly and one global load of U per pair). Each dot is still summed
+  // lane-strided, then by the butterfly: the bits a warp per pair gave.
+  constexpr int kPairBatch = 8;
   const int lane = threadIdx.x % kWarpSize;
   const T* sg = rows + (n_prev + K) * r;
-  for (int pair = threadIdx.x / kWarpSize; pair < n_prev * K; pair += blockDim.x / kWarpSize) {
-    const int a = pair / K, c = pair % K;
+  for (int a = threadIdx.x / kWarpSize; a < n_prev; a += blockDim.x / kWarpSize) {
     const T* pa = rows + a * r;
-    const T* qc = rows + (n_prev + c) * r;
-    float dot = 0.f;
-    for (int x = lane; x < r; x += kWarpSize) dot += (to_float(pa[x]) * to_float(sg[x])) * to_float(qc[x]);
-    dot = warp_sum(dot);
-    if (lane == 0) out[a * K + c] = vals[c] + dot;
+    for (int c0 = 0; c0 < K; c0 += kPairBatch) {
+      const T* q0 = rows + (n_prev + c0) * r;
+      float dot[kPairBatch] = {};
+      for (int x = lane; x < r; x += kWarpSize) {
+        const float h = to_float(pa[x]) * to_float(sg[x]);
+#pragma unroll
+        for (int u = 0; u < kPairBatch; ++u)
+          if (c0 + u < K) dot[u] += h * to_float(q0[u * r + x]);
+      }
+#pragma unroll
+      for (int u = 0; u < kPairBatch; ++u) dot[u] = warp_sum(dot[u]);
+#pragma unroll
+      for (int u = 0; u < kPairBatch; ++u)
+        if (lane == 0 && c0 + u < K) out[a * K + c0 + u] = svals[c0 + u] + dot[u];
+    }
   }
 }
 
