@@ -355,6 +355,7 @@ __device__ __forceinline__ float mass_level(int l) {
 
 struct CandScratch {
   float x[kCandCap];                  // the gathered logits (as the row's loads give them)
+  int idx[kCandCap];                  // and their ids
   uint32_t key[kCandCap];             // their ranked values' keys
   unsigned long long w[kCandCap];     // and weights
   float thread_max[kRowThreads];
@@ -374,7 +375,7 @@ __device__ void gather_candidates(const T* row, int vocab, int chunk_len, bool v
   __syncthreads();  // the scratch may still be read by a previous search
   if (threadIdx.x == 0) sh.n = 0;
   __syncthreads();
-  for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
+  for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int i, float x, bool valid) {
     const float v = value(x);
     const bool take = valid && v >= bound && weight(v) != 0ull;
     const unsigned takers = __ballot_sync(kFullMask, take);
@@ -383,9 +384,24 @@ __device__ void gather_candidates(const T* row, int vocab, int chunk_len, bool v
     if (lane == __ffs(takers) - 1) base = atomicAdd(&sh.n, __popc(takers));
     base = __shfl_sync(kFullMask, base, __ffs(takers) - 1);
     const int at = base + __popc(takers & ((1u << lane) - 1u));
-    if (take && at < kCandCap) sh.x[at] = x;
+    if (take && at < kCandCap) {
+      sh.x[at] = x;
+      sh.idx[at] = i;
+    }
   });
   __syncthreads();
+}
+
+// f(x) for this thread's chunk's gathered elements in index order (a thread's gathers land in
+// the order it met them): what a pass over the chunk sees of them, when sh holds them all
+// (sh.n <= kCandCap), so sums over them come out with the same bits.
+template <typename F>
+__device__ void for_each_gathered_in_chunk(const CandScratch& sh, int chunk_len, F&& f) {
+  const int begin = threadIdx.x * chunk_len;
+  for (int j = 0; j < sh.n; ++j) {
+    const int i = sh.idx[j];
+    if (i >= begin && i - begin < chunk_len) f(sh.x[j]);
+  }
 }
 
 // K over the gathered candidates (sh.n <= kCandCap): the largest key whose weight from above
@@ -544,11 +560,12 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
     if (!gathered) found = radix_threshold(row, vocab, chunk_len, vec_ok, scaled, count, need, sh.radix, key);
     if (found) r.st.kth = key_value(key);
   }
-  // Online softmax over the chunk: running max and sum of exp relative to it.
+  // Online softmax over the chunk: running max and sum of exp relative to it. From the
+  // candidates when they hold every kept element: one pass over the row fewer, the same bits.
   const float kth = r.st.kth;
   float m_t = -INFINITY, e_t = 0.f;
   int kept = 0;
-  for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
+  const auto softmax_step = [&](float x, bool valid) {
     const float xs = x * inv_t;
     if (!valid || !(xs >= kth)) return;
     ++kept;
@@ -558,7 +575,11 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
     } else {
       e_t += __expf(xs - m_t);
     }
-  });
+  };
+  if (gathered)
+    for_each_gathered_in_chunk(sh.cand, chunk_len, [&](float x) { softmax_step(x, true); });
+  else
+    for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) { softmax_step(x, valid); });
   r.st.m = block_max(m_t, sh.fscratch);
   const double e_scaled = m_t == -INFINITY ? 0.0 : static_cast<double>(e_t) * __expf(m_t - r.st.m);
   const double z1 = block_sum(e_scaled, sh.dscratch);
@@ -578,18 +599,24 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
       const float level = top_p_bound(row, vocab, chunk_len, vec_ok, p1, mass, need, sh.cand);
       if (level > 0.f) done = gathered_threshold(row, vocab, chunk_len, vec_ok, p1, mass, level, need, sh.cand, found, key);
     }
+    // done: the candidates hold every element with p >= tau (top-k's: every one with p > 0;
+    // the levels': every one at or above a level whose mass reaches top_p, so tau >= it).
     if (!done) found = radix_threshold(row, vocab, chunk_len, vec_ok, p1, mass, need, sh.radix, key);
     if (found) r.st.tau = key_value(key);
     const float tau = r.st.tau;
     double kept_mass = 0.0;
     kept = 0;
-    for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
+    const auto kept_step = [&](float x, bool valid) {
       const float v = valid ? prob_before_top_p(st, x) : 0.f;
       if (v > 0.f && v >= tau) {
         kept_mass += v;
         ++kept;
       }
-    });
+    };
+    if (done)
+      for_each_gathered_in_chunk(sh.cand, chunk_len, [&](float x) { kept_step(x, true); });
+    else
+      for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) { kept_step(x, valid); });
     const double z2 = block_sum(kept_mass, sh.dscratch);
     r.st.inv_z2 = static_cast<float>(1.0 / z2);
     r.chunk_mass = kept_mass / z2;
