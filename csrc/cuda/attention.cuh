@@ -52,7 +52,6 @@ struct PagedAttentionParams {
   bool causal;
   float scale;
   int num_splits;
-  int min_split_tiles;  // a non-empty split reads at least this many key tiles (split-KV only)
   // Blocks of <= 16 rows on the row-tile variant too (DSPINE_ATTN_KEY_SPLIT=0): a diagnostic.
   // The key split sums a row's keys in four warp slices merged at the end, the row tiles in one
   // pass, so a decode row (key split) and the same row inside a verify block (row tiles) round
@@ -185,17 +184,16 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   w.full_lo = last.lo;
   w.full_hi = first.hi;
   const int tiles = w.key_hi >= w.key_lo ? w.key_hi / C::kBlockN - w.key_lo / C::kBlockN + 1 : 0;
-  // The real context decides how many splits get keys: each gets at least min_split_tiles, so a
-  // grid planned for a long context (a graph captured at the cache's width) runs few, full
-  // splits on a short one; the others stay empty and only report (max -inf, sum 0).
+  // The real context decides how many splits get keys: ceil(tiles / num_splits) each, so a grid
+  // planned for a long context (a graph captured at the cache's width) runs few, full splits on
+  // a short one; the others stay empty and only report (max -inf, sum 0).
   if (p.segment_tiles > 0) {  // row-exact mode: absolute segments, not shares of this tile's range
     const int segment = static_cast<int>(blockIdx.y) * p.segment_tiles;
     w.tile_begin = max(w.key_lo / C::kBlockN, segment);
     w.tile_end = min(w.key_lo / C::kBlockN + tiles, segment + p.segment_tiles);
     return w;
   }
-  int per_split = (tiles + p.num_splits - 1) / p.num_splits;
-  if (per_split < p.min_split_tiles) per_split = p.min_split_tiles;
+  const int per_split = (tiles + p.num_splits - 1) / p.num_splits;
   w.tile_begin = w.key_lo / C::kBlockN + static_cast<int>(blockIdx.y) * per_split;
   w.tile_end = min(w.key_lo / C::kBlockN + tiles, w.tile_begin + per_split);
   return w;
@@ -915,7 +913,6 @@ bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len, bool key_s
     return false;
   } else {
     if (!attention_uses_mma(true, p.head_dim)) return false;
-    p.min_split_tiles = 0;
     p.segment_tiles = 0;
     if (p.max_q_len > kExactSegmentMaxQ) {  // a prefill chunk: the row tiles, unsplit
       p.row_tiles_only = true;
@@ -934,19 +931,17 @@ bool plan_exact_segments(PagedAttentionParams& p, int64_t max_kv_len, bool key_s
   }
 }
 
-// Sets p.num_splits and p.min_split_tiles (1 and 0 off the tensor-core path). max_kv_len: a host
+// Sets p.num_splits (1 off the tensor-core path). max_kv_len: a host
 // bound on every sequence's kv_len, e.g. the largest context of a graph's bucket; <= 0 when
 // unknown, then the block table's width stands in. forced > 0 fixes the count (even ranges, as
 // many non-empty splits as the keys allow: a testing and tuning aid).
 template <typename T>
 void plan_attention_splits(PagedAttentionParams& p, int num_sms, int64_t max_kv_len, int forced = 0) {
   p.num_splits = 1;
-  p.min_split_tiles = 0;
   if constexpr (!std::is_same<T, float>::value) {  // fp32 runs on CUDA cores, never split
     if (!attention_uses_mma(true, p.head_dim)) return;
     if (forced > 0) {
       p.num_splits = forced < kMaxSplits ? forced : kMaxSplits;  // the combine holds kMaxSplits weights
-      p.min_split_tiles = 1;
       return;
     }
     int64_t max_keys = max_kv_len > 0 ? max_kv_len : static_cast<int64_t>(p.max_pages) * p.page_size;
@@ -958,9 +953,7 @@ void plan_attention_splits(PagedAttentionParams& p, int num_sms, int64_t max_kv_
       in.slots = static_cast<int64_t>(num_sms) * mma_ctas_per_sm<C>();
       in.max_keys = max_keys;
       in.block_n = C::kBlockN;
-      const SplitPlan plan = plan_splits(in);
-      p.num_splits = plan.num_splits;
-      p.min_split_tiles = plan.min_split_tiles;
+      p.num_splits = plan_splits(in);
     });
   }
 }

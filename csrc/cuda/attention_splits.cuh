@@ -9,11 +9,6 @@
 namespace dspine {
 namespace gpu {
 
-struct SplitPlan {
-  int num_splits;       // grid.y: the most splits any (sequence, kv head, row tile) may use
-  int min_split_tiles;  // every non-empty split reads at least this many key tiles (run time)
-};
-
 struct SplitInputs {
   int64_t work;           // CTAs without splitting: sequences x kv heads x row tiles
   int64_t slots;          // CTAs the GPU holds at once: SMs x CTAs per SM (occupancy API)
@@ -39,18 +34,18 @@ constexpr int kMaxCombineSplits = 256;
 //   floor of max(256, 8 x rows) keys a split) 35.1 us, 4: 23.8, 8: 18.4, 16: 17.6; at 4K keys 8
 //   splits 37.1 us, 16: 27.3, 32: 27.4. At batch 8 the fill rule below already stops at 4 splits
 //   (the best measured: 35.2 us at 1K, 78.0 at 4K; 8 splits 43.9 / 86.7).
-//   The kernel applies the same floor at run time against the real kv_len, so a graph captured
-//   for a long context (many splits) replayed at a short one runs few, full splits and lets the
-//   rest exit at once.
+//   The kernel shares out the real kv_len's tiles at run time (ceil(tiles / splits) each), so a
+//   graph captured for a long context (many splits) replayed at a short one runs few, full splits
+//   and lets the rest exit at once.
 // - Among the counts allowed, the smallest whose grid fills its last wave to within 5% of the
 //   best fill: one split of 4 CTAs more than a wave holds costs a whole extra wave (the old
 //   ceil(slots / work) rule launched 320 CTAs into 264 slots for Qwen3-8B at batch 8).
-inline SplitPlan plan_splits(const SplitInputs& in) {
-  const SplitPlan none{1, 0};
-  if (in.work <= 0 || in.slots <= 0 || in.work >= in.slots || in.block_n <= 0) return none;
+// Returns grid.y: the most splits any (sequence, kv head, row tile) may use.
+inline int plan_splits(const SplitInputs& in) {
+  if (in.work <= 0 || in.slots <= 0 || in.work >= in.slots || in.block_n <= 0) return 1;
   int64_t limit = (in.max_keys + in.block_n - 1) / in.block_n + 1;  // tiles; +1: unaligned start
   if (limit > kMaxSplits) limit = kMaxSplits;
-  if (limit < 2) return none;
+  if (limit < 2) return 1;
   // Fill of the last wave, in parts per million, of a grid of work * s CTAs.
   const auto fill = [&](int64_t s) {
     const int64_t ctas = in.work * s;
@@ -62,7 +57,7 @@ inline SplitPlan plan_splits(const SplitInputs& in) {
     if (fill(s) > best) best = fill(s);
   int64_t splits = 1;
   while (splits < limit && fill(splits) * 100 < best * 95) ++splits;
-  return SplitPlan{static_cast<int>(splits), 1};
+  return static_cast<int>(splits);
 }
 
 }  // namespace gpu

@@ -65,7 +65,6 @@ static bool launched_sm90(gpu::PagedAttentionParams& p) {
                         gpu::attention_sm90_runnable<T>();
     if (gpu::choose_attention_path(shape, dev, forced) != gpu::AttentionPath::kSm90) return false;
     p.num_splits = 1;  // the sm90 kernel never splits keys
-    p.min_split_tiles = 0;
     gpu::launch_attention_sm90<T>(p, stream());
     return true;
   }
