@@ -15,8 +15,8 @@
 // 2. walk_pairs_kernel, again one CTA per row: all K x K pair scores
 //    s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r] for a in C_{j-1} (the anchor for j = 0):
 //    the 2K + 1 table rows are staged into shared memory with every load in flight at once, then
-//    a warp per predecessor a reduces over r for 8 candidates c at once. The last CTA of a
-//    sequence (atomic arrival counter) picks every (position, predecessor) row's successor at
+//    a warp per (predecessor a, 8 candidates c) reduces their dots over r at once (a warp per
+//    pair for j = 0's single predecessor). The last CTA of a sequence (atomic arrival counter) picks every (position, predecessor) row's successor at
 //    once, a thread a row (greedy first-max, or inverse-CDF over softmax(s / T)); one thread then
 //    follows the chain through those picks, and all write its outputs.
 // The pair scores need C_{j-1} and C_j, which come from different CTAs of launch 1; a second
@@ -318,6 +318,32 @@ inline size_t walk_chain_bytes(int positions, int top_k) {
   return (jk * top_k + 2 * jk + 2 * static_cast<size_t>(positions)) * sizeof(float);
 }
 
+// out[a * K + c] = U(c) + sum_r (P[a] g)[r] Q[c, r] for n_prev x K pairs of staged rows, a warp
+// per (predecessor, B candidates): P[a] g once per element for B independent accumulators whose
+// warp sums interleave (a warp per pair spends most of its time in one dependent butterfly).
+template <typename T, int B>
+__device__ void pair_dots(const T* rows, const T* sg, const float* svals, int n_prev, int K, int r, float* out) {
+  const int lane = threadIdx.x % kWarpSize, groups = (K + B - 1) / B;
+  for (int unit = threadIdx.x / kWarpSize; unit < n_prev * groups; unit += blockDim.x / kWarpSize) {
+    const int a = unit / groups, c0 = (unit % groups) * B;
+    const T* pa = rows + a * r;
+    const T* q0 = rows + (n_prev + c0) * r;
+    float dot[B] = {};
+    for (int x = lane; x < r; x += kWarpSize) {
+      const float h = to_float(pa[x]) * to_float(sg[x]);
+#pragma unroll
+      for (int u = 0; u < B; ++u)
+        if (c0 + u < K) dot[u] += h * to_float(q0[u * r + x]);
+    }
+#pragma unroll
+    for (int u = 0; u < B; ++u) dot[u] = warp_sum(dot[u]);
+#pragma unroll
+    for (int u = 0; u < B; ++u)
+      if (lane == 0 && c0 + u < K) out[a * K + c0 + u] = svals[c0 + u] + dot[u];
+  }
+}
+constexpr int kPairBatch = 8;
+
 // Row (b, j): pair[a][c] = U_j(c) + sum_r (P[a_id, r] g_j[r]) Q[c_id, r]. prev: C_{j-1}'s ids
 // (unused for j = 0).
 template <typename T>
@@ -370,31 +396,13 @@ __device__ void pair_scores_of_row(const WalkParams& p, int b, int j, unsigned c
       if (base + u * blockDim.x < total) rows[base + u * blockDim.x] = staged[u];
   }
   __syncthreads();
-  // A warp per predecessor a, kPairBatch candidates at a time: P[a] g_j once per element, then
-  // independent accumulators whose warp sums interleave (a warp per pair had spent most of its
-  // time in one dependent butterfly and one global load of U per pair). Each dot is still summed
-  // lane-strided, then by the butterfly: the bits a warp per pair gave.
-  constexpr int kPairBatch = 8;
-  const int lane = threadIdx.x % kWarpSize;
+  // Each dot is summed lane-strided, then by the butterfly, whatever the batch: the same bits.
   const T* sg = rows + (n_prev + K) * r;
-  for (int a = threadIdx.x / kWarpSize; a < n_prev; a += blockDim.x / kWarpSize) {
-    const T* pa = rows + a * r;
-    for (int c0 = 0; c0 < K; c0 += kPairBatch) {
-      const T* q0 = rows + (n_prev + c0) * r;
-      float dot[kPairBatch] = {};
-      for (int x = lane; x < r; x += kWarpSize) {
-        const float h = to_float(pa[x]) * to_float(sg[x]);
-#pragma unroll
-        for (int u = 0; u < kPairBatch; ++u)
-          if (c0 + u < K) dot[u] += h * to_float(q0[u * r + x]);
-      }
-#pragma unroll
-      for (int u = 0; u < kPairBatch; ++u) dot[u] = warp_sum(dot[u]);
-#pragma unroll
-      for (int u = 0; u < kPairBatch; ++u)
-        if (lane == 0 && c0 + u < K) out[a * K + c0 + u] = svals[c0 + u] + dot[u];
-    }
-  }
+  const int warps = blockDim.x / kWarpSize;
+  if (n_prev * ((K + kPairBatch - 1) / kPairBatch) >= warps)
+    pair_dots<T, kPairBatch>(rows, sg, svals, n_prev, K, r, out);
+  else  // j = 0's single predecessor: a batch per warp would leave most warps idle
+    pair_dots<T, 1>(rows, sg, svals, n_prev, K, r, out);
 }
 
 // q = softmax(s / t) over n scores (fp32, as torch.softmax).
