@@ -14,7 +14,7 @@
 #   bash benchmarks/h200_quick.sh                                              ~6-7 min
 #
 # Knobs: ARCHS (90a; "80;90a" for both), TESTS (1; 0 skips the tests), TEST_FILES
-# (tests/test_kernels_gpu.py), TEST_K (pytest -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, 45 s), MEMCHECK_K (pytest -k of
+# (tests/test_kernels_gpu.py), TEST_K (pytest -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, FLOORS_S s, 60), MEMCHECK_K (pytest -k of
 # the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest,
 # 60-200 s each):
 #   prefill      the sm90 kernel against mma.sync and cuDNN (causal, Qwen3-8B and SmolLM2 heads)
@@ -59,7 +59,7 @@ if [ "${TESTS:-1}" = 1 ]; then  # TESTS=0: no tests (a baseline of a tree tested
   say "gpu tests rc $?: $(tail -1 "$O/gpu_tests.log")"; grep -E "^(FAILED|ERROR)" "$O/gpu_tests.log" | head -20
 fi
 if [ "${FLOORS:-1}" = 1 ]; then
-  LD_PRELOAD=$CXX_LIB timeout 45 python3 benchmarks/kernel_bench.py --sampling-only --out "$O" > "$O/floors.log" 2>&1
+  LD_PRELOAD=$CXX_LIB timeout ${FLOORS_S:-60} python3 benchmarks/kernel_bench.py --sampling-only --out "$O" > "$O/floors.log" 2>&1
   say "floors rc $?"; grep -E '^\| (transition_walk|block_verify)' "$O/floors.log" | head -30
 fi
 MEMCHECK_K=${MEMCHECK_K-rope or transition_walk or exact_segment}
@@ -115,7 +115,7 @@ for b in ${BENCH:-}; do case $b in
   ncu-pairs) profile walk_pairs walk_pairs_kernel --sampling-only ;;  # the walk's second launch, batch 32
   walk-splits)  # the walk's top-k pass with rows sliced n ways (480 rows at batch 32 = 3.6 per SM:
     for n in 1 2 4 8; do  # does a second, partial wave of CTAs cost it half its bandwidth?)
-      DSPINE_WALK_SPLITS=$n LD_PRELOAD=$CXX_LIB timeout 45 python3 benchmarks/kernel_bench.py --sampling-only \
+      DSPINE_WALK_SPLITS=$n LD_PRELOAD=$CXX_LIB timeout ${FLOORS_S:-60} python3 benchmarks/kernel_bench.py --sampling-only \
         --out "$O/walk_splits_$n" > "$O/walk_splits_$n.log" 2>&1
       say "walk splits $n rc $?: $(grep -E '^\| transition_walk \| greedy \| 32' "$O/walk_splits_$n.log")"
     done ;;

@@ -260,14 +260,16 @@ __device__ __forceinline__ void warp_aggregated_add(unsigned long long* hist, in
 }
 
 // Warp 0: the highest bucket b with above + weight(buckets >= b) >= need (need >= 1), into
-// sh.bucket (-1 if none) and sh.above (weight strictly above b), from sh.total.
-__device__ inline void find_bucket_from_top(RadixScratch& sh, unsigned long long need, unsigned long long above) {
+// sh.bucket (-1 if none) and sh.above (weight strictly above b), from total[0, Bins).
+template <int Bins>
+__device__ inline void find_bucket_from_top(const unsigned long long* total, RadixScratch& sh,
+                                            unsigned long long need, unsigned long long above) {
   const int lane = threadIdx.x % kWarpSize;
-  constexpr int per = kRadixBins / kWarpSize;
-  const int top = kRadixBins - 1 - lane * per;  // lane scans buckets top, top - 1, ..., top - per + 1
+  constexpr int per = Bins / kWarpSize;
+  const int top = Bins - 1 - lane * per;  // lane scans buckets top, top - 1, ..., top - per + 1
   unsigned long long mine = 0;
 #pragma unroll 1  // (unrolled, its loads spilled the verify kernel's registers at 64)
-  for (int i = 0; i < per; ++i) mine += sh.total[top - i];
+  for (int i = 0; i < per; ++i) mine += total[top - i];
   const unsigned long long incl = warp_inclusive_scan(mine);
   const unsigned hits = __ballot_sync(kFullMask, above + incl >= need);
   if (hits == 0) {
@@ -278,7 +280,7 @@ __device__ inline void find_bucket_from_top(RadixScratch& sh, unsigned long long
   unsigned long long cum = above + incl - mine;
 #pragma unroll 1
   for (int i = 0; i < per; ++i) {
-    const unsigned long long h = sh.total[top - i];
+    const unsigned long long h = total[top - i];
     if (cum + h >= need) {
       sh.bucket = top - i;
       sh.above = cum;
@@ -319,7 +321,7 @@ __device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec
       sh.total[b] = sum;
     }
     __syncthreads();
-    if (threadIdx.x < kWarpSize) find_bucket_from_top(sh, need, above);
+    if (threadIdx.x < kWarpSize) find_bucket_from_top<kRadixBins>(sh.total, sh, need, above);
     __syncthreads();
     const int bucket = sh.bucket;
     if (bucket < 0) return false;
@@ -329,6 +331,54 @@ __device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec
   }
   key_out = prefix;
   return true;
+}
+
+// The same key by three passes of 11, 11 and 10 bits into one CTA-wide histogram of kWideBins
+// buckets (sh.hist's storage), a plain shared atomic per hit: no match / reduce per element, one
+// pass fewer. The 8-bit passes' warp aggregation exists because a logit's top 8 bits are shared
+// by most of a row; 11 bits (sign, exponent, two or three mantissa bits) spread a flat row over
+// hundreds of buckets. DSPINE_VERIFY_WIDE_RADIX=1 selects it (being measured against the 8-bit
+// passes: BENCHMARKS.md).
+constexpr int kWideBins = 2048;
+static_assert(kRowWarps * kRadixPitch >= kWideBins, "the wide histogram reuses the per-warp ones' storage");
+
+template <typename T, typename ValueFn, typename WeightFn>
+__device__ bool wide_radix_threshold(const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
+                                     WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
+  uint32_t prefix = 0, prefix_mask = 0;
+  unsigned long long above = 0;
+#pragma unroll 1
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+    const uint32_t digit_mask = pass == 2 ? 0x3ffu : 0x7ffu;
+    __syncthreads();  // the previous pass (or caller) is done with sh
+    for (int i = threadIdx.x; i < kWideBins; i += blockDim.x) sh.hist[i] = 0;
+    __syncthreads();
+    for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
+      const float v = value(x);
+      const uint32_t key = order_key(v);
+      const unsigned long long w = valid ? weight(v) : 0ull;
+      if (w != 0 && (key & prefix_mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & digit_mask], w);
+    });
+    __syncthreads();
+    if (threadIdx.x < kWarpSize) find_bucket_from_top<kWideBins>(sh.hist, sh, need, above);
+    __syncthreads();
+    const int bucket = sh.bucket;
+    if (bucket < 0) return false;
+    above = sh.above;
+    prefix |= static_cast<uint32_t>(bucket) << shift;
+    prefix_mask |= digit_mask << shift;
+  }
+  key_out = prefix;
+  return true;
+}
+
+// Either radix search (uniform: `wide` is the same in every thread of the CTA).
+template <typename T, typename ValueFn, typename WeightFn>
+__device__ bool any_radix_threshold(bool wide, const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
+                                    WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
+  return wide ? wide_radix_threshold(row, vocab, chunk_len, vec_ok, value, weight, need, sh, key_out)
+              : radix_threshold(row, vocab, chunk_len, vec_ok, value, weight, need, sh, key_out);
 }
 
 // ---- threshold search over a few gathered candidates ------------------------------------------
@@ -520,7 +570,13 @@ __device__ __forceinline__ float prob(const DistStats& st, float x) {
   return p1 >= st.tau ? p1 * st.inv_z2 : 0.f;
 }
 
-constexpr double kMassOne = 281474976710656.0;  // 2^48: fixed-point unit of probability mass
+constexpr double kMassOne = 281474976710656.0;
+
+// How the sampled rows' thresholds are searched (the same key either way).
+struct ThresholdSearch {
+  bool radix_only;  // skip the candidates (DSPINE_VERIFY_RADIX=1)
+  bool wide_radix;  // radix passes of 11 / 11 / 10 bits, CTA-wide (DSPINE_VERIFY_WIDE_RADIX=1)
+};  // 2^48: fixed-point unit of probability mass
 
 struct DistScratch {
   union {  // never live together: a row takes the radix passes only where its candidates failed
@@ -541,7 +597,7 @@ struct DistResult {
 // Statistics of the row's sampling distribution (multi-pass; one pass when no filter is on).
 template <typename T>
 __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, bool vec_ok, float t, int top_k,
-                                       float top_p, bool radix_only, DistScratch& sh) {
+                                       float top_p, ThresholdSearch search, DistScratch& sh) {
   DistResult r;
   const float inv_t = __frcp_rn(t);
   r.st = DistStats{inv_t, 0.f, 1.f, -INFINITY, 0.f, 1.f};
@@ -552,12 +608,13 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
     const auto scaled = [inv_t](float x) { return x * inv_t; };
     const auto count = [](float v) { return isnan(v) ? 0ull : 1ull; };
     const auto need = static_cast<unsigned long long>(top_k);
-    if (!radix_only && top_k <= kFastTopK) {
+    if (!search.radix_only && top_k <= kFastTopK) {
       const float bound = top_k_bound(row, vocab, chunk_len, vec_ok, scaled, top_k, sh.cand);
       if (bound > -INFINITY || vocab <= kCandCap)
         gathered = gathered_threshold(row, vocab, chunk_len, vec_ok, scaled, count, bound, need, sh.cand, found, key);
     }
-    if (!gathered) found = radix_threshold(row, vocab, chunk_len, vec_ok, scaled, count, need, sh.radix, key);
+    if (!gathered)
+      found = any_radix_threshold(search.wide_radix, row, vocab, chunk_len, vec_ok, scaled, count, need, sh.radix, key);
     if (found) r.st.kth = key_value(key);
   }
   // Online softmax over the chunk: running max and sum of exp relative to it. From the
@@ -595,13 +652,13 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
     if (gathered) {  // every element with p > 0 is a candidate of the top-k search
       found = search_candidates(p1, mass, need, sh.cand, key);
       done = true;
-    } else if (!radix_only) {
+    } else if (!search.radix_only) {
       const float level = top_p_bound(row, vocab, chunk_len, vec_ok, p1, mass, need, sh.cand);
       if (level > 0.f) done = gathered_threshold(row, vocab, chunk_len, vec_ok, p1, mass, level, need, sh.cand, found, key);
     }
     // done: the candidates hold every element with p >= tau (top-k's: every one with p > 0;
     // the levels': every one at or above a level whose mass reaches top_p, so tau >= it).
-    if (!done) found = radix_threshold(row, vocab, chunk_len, vec_ok, p1, mass, need, sh.radix, key);
+    if (!done) found = any_radix_threshold(search.wide_radix, row, vocab, chunk_len, vec_ok, p1, mass, need, sh.radix, key);
     if (found) r.st.tau = key_value(key);
     const float tau = r.st.tau;
     double kept_mass = 0.0;
