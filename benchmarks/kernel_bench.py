@@ -437,18 +437,14 @@ def sampling_rows(timer: Timer, ceilings: dict, batch: int, vocab: int, greedy_o
         tk = torch.full((batch,), top_k, dtype=torch.int32, **dev)
         tp = torch.full((batch,), top_p, **dev)
         # Filtered rows also by the radix passes alone (DSPINE_VERIFY_RADIX=1), the candidate
-        # search's baseline, in both digit layouts (DSPINE_VERIFY_WIDE_RADIX), and the candidates
-        # with the wide passes as their fallback: the same thresholds, side by side.
-        searches = {"": ("0", "0"), " (radix passes)": ("1", "0"), " (wide radix passes)": ("1", "1"),
-                    " (wide radix fallback)": ("0", "1")}
-        for label, (radix, wide) in searches.items() if top_k or top_p < 1 else [("", ("0", "0"))]:
-            os.environ["DSPINE_VERIFY_RADIX"], os.environ["DSPINE_VERIFY_WIDE_RADIX"] = radix, wide
+        # search's baseline: the same thresholds, side by side.
+        for radix in ("0", "1") if top_k or top_p < 1 else ("0",):
+            os.environ["DSPINE_VERIFY_RADIX"] = radix
             us = timer(lambda: ops.block_verify(rows_in, draft, cand_ids, cand_probs, t, tk, tp, u_v))
-            rows.append({"op": "block_verify", "variant": name + label,
+            rows.append({"op": "block_verify", "variant": name + (" (radix passes)" if radix == "1" else ""),
                          "us": us, "GBps": verify_bytes / us / 1e3,
                          "frac_bw": verify_bytes / us / 1e3 / ceilings["copy_GBps"], "goal_us": 50.0})
         os.environ.pop("DSPINE_VERIFY_RADIX")
-        os.environ.pop("DSPINE_VERIFY_WIDE_RADIX")
     rows.append({"op": "torch.argmax (reference point)", "variant": "",
                  "us": timer(lambda: logits_v.argmax(-1)), "goal_us": None})
     for r in rows:

@@ -162,11 +162,7 @@ static bool rows_vectorisable(const at::Tensor& t, int64_t row_len) {
 static int forced_walk_splits() { return std::max(0, env_int("DSPINE_WALK_SPLITS", 0)); }
 // DSPINE_VERIFY_RADIX=1: the sampled rows' top-k / top-p thresholds by radix passes only (the
 // candidate search's baseline; both give the same thresholds).
-// DSPINE_VERIFY_WIDE_RADIX=1: the radix passes as three of 11 / 11 / 10 bits into one CTA-wide
-// histogram (sampling.cuh, wide_radix_threshold), measured against the 8-bit per-warp passes.
-static gpu::ThresholdSearch verify_threshold_search() {
-  return {env_int("DSPINE_VERIFY_RADIX", 0) != 0, env_int("DSPINE_VERIFY_WIDE_RADIX", 0) != 0};
-}
+static bool verify_radix_only() { return env_int("DSPINE_VERIFY_RADIX", 0) != 0; }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> transition_walk(
     const at::Tensor& logits_in, const at::Tensor& g_in, const at::Tensor& pred_in, const at::Tensor& succ_in,
@@ -259,7 +255,7 @@ std::tuple<at::Tensor, at::Tensor> block_verify(
   p.cand = static_cast<int>(cid.size(2));
   p.chunk_len = gpu::row_chunk_len(v);
   p.vec_ok = rows_vectorisable(logits, v);
-  p.search = verify_threshold_search();
+  p.radix_only = verify_radix_only();
   // One workspace (the caching allocator's blocks are 512-byte aligned); its counters zeroed.
   const gpu::VerifyWorkspace w = gpu::plan_verify(p, num_sms());
   auto workspace = at::empty({static_cast<int64_t>(w.bytes)}, opts.dtype(at::kByte));

@@ -291,7 +291,7 @@ __device__ inline void find_bucket_from_top(const unsigned long long* total, Rad
 }
 
 // The largest key K with weight(elements whose key >= K) >= need, by four radix passes of
-// kRadixBits over the row. value(x) maps a logit to the ranked float, weight(v) gives its
+// kRadixBits over the row (top-k's search; top-p's is wide_radix_threshold, below). value(x) maps a logit to the ranked float, weight(v) gives its
 // integer weight (0: ignored). Returns false if the whole row weighs less than need.
 // With weight 1 and need k this is the k-th largest value; with fixed-point probabilities and
 // need = top_p it is the top-p threshold tau. The key found does not depend on how its bits are
@@ -335,10 +335,11 @@ __device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec
 
 // The same key by three passes of 11, 11 and 10 bits into one CTA-wide histogram of kWideBins
 // buckets (sh.hist's storage), a plain shared atomic per hit: no match / reduce per element, one
-// pass fewer. The 8-bit passes' warp aggregation exists because a logit's top 8 bits are shared
-// by most of a row; 11 bits (sign, exponent, two or three mantissa bits) spread a flat row over
-// hundreds of buckets. DSPINE_VERIFY_WIDE_RADIX=1 selects it (being measured against the 8-bit
-// passes: BENCHMARKS.md).
+// pass fewer. For top-p's probabilities: their keys (exponent and two mantissa bits first) spread
+// a row over hundreds of buckets, and the rows that reach a radix search are the flat ones (the
+// levels failed). Logits are another matter: a peaked row's logits share their top 11 bits, and
+// same-bucket atomics then serialise (top-k + top-p on peaked rows, radix only: 2.8 -> 5.6 ms at
+// batch 32, H100), so top-k keeps the 8-bit per-warp passes with their warp aggregation.
 constexpr int kWideBins = 2048;
 static_assert(kRowWarps * kRadixPitch >= kWideBins, "the wide histogram reuses the per-warp ones' storage");
 
@@ -371,14 +372,6 @@ __device__ bool wide_radix_threshold(const T* row, int vocab, int chunk_len, boo
   }
   key_out = prefix;
   return true;
-}
-
-// Either radix search (uniform: `wide` is the same in every thread of the CTA).
-template <typename T, typename ValueFn, typename WeightFn>
-__device__ bool any_radix_threshold(bool wide, const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
-                                    WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
-  return wide ? wide_radix_threshold(row, vocab, chunk_len, vec_ok, value, weight, need, sh, key_out)
-              : radix_threshold(row, vocab, chunk_len, vec_ok, value, weight, need, sh, key_out);
 }
 
 // ---- threshold search over a few gathered candidates ------------------------------------------
@@ -570,13 +563,7 @@ __device__ __forceinline__ float prob(const DistStats& st, float x) {
   return p1 >= st.tau ? p1 * st.inv_z2 : 0.f;
 }
 
-constexpr double kMassOne = 281474976710656.0;
-
-// How the sampled rows' thresholds are searched (the same key either way).
-struct ThresholdSearch {
-  bool radix_only;  // skip the candidates (DSPINE_VERIFY_RADIX=1)
-  bool wide_radix;  // radix passes of 11 / 11 / 10 bits, CTA-wide (DSPINE_VERIFY_WIDE_RADIX=1)
-};  // 2^48: fixed-point unit of probability mass
+constexpr double kMassOne = 281474976710656.0;  // 2^48: fixed-point unit of probability mass
 
 struct DistScratch {
   union {  // never live together: a row takes the radix passes only where its candidates failed
@@ -597,7 +584,7 @@ struct DistResult {
 // Statistics of the row's sampling distribution (multi-pass; one pass when no filter is on).
 template <typename T>
 __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, bool vec_ok, float t, int top_k,
-                                       float top_p, ThresholdSearch search, DistScratch& sh) {
+                                       float top_p, bool radix_only, DistScratch& sh) {
   DistResult r;
   const float inv_t = __frcp_rn(t);
   r.st = DistStats{inv_t, 0.f, 1.f, -INFINITY, 0.f, 1.f};
@@ -608,13 +595,12 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
     const auto scaled = [inv_t](float x) { return x * inv_t; };
     const auto count = [](float v) { return isnan(v) ? 0ull : 1ull; };
     const auto need = static_cast<unsigned long long>(top_k);
-    if (!search.radix_only && top_k <= kFastTopK) {
+    if (!radix_only && top_k <= kFastTopK) {
       const float bound = top_k_bound(row, vocab, chunk_len, vec_ok, scaled, top_k, sh.cand);
       if (bound > -INFINITY || vocab <= kCandCap)
         gathered = gathered_threshold(row, vocab, chunk_len, vec_ok, scaled, count, bound, need, sh.cand, found, key);
     }
-    if (!gathered)
-      found = any_radix_threshold(search.wide_radix, row, vocab, chunk_len, vec_ok, scaled, count, need, sh.radix, key);
+    if (!gathered) found = radix_threshold(row, vocab, chunk_len, vec_ok, scaled, count, need, sh.radix, key);
     if (found) r.st.kth = key_value(key);
   }
   // Online softmax over the chunk: running max and sum of exp relative to it. From the
@@ -652,13 +638,13 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
     if (gathered) {  // every element with p > 0 is a candidate of the top-k search
       found = search_candidates(p1, mass, need, sh.cand, key);
       done = true;
-    } else if (!search.radix_only) {
+    } else if (!radix_only) {
       const float level = top_p_bound(row, vocab, chunk_len, vec_ok, p1, mass, need, sh.cand);
       if (level > 0.f) done = gathered_threshold(row, vocab, chunk_len, vec_ok, p1, mass, level, need, sh.cand, found, key);
     }
     // done: the candidates hold every element with p >= tau (top-k's: every one with p > 0;
     // the levels': every one at or above a level whose mass reaches top_p, so tau >= it).
-    if (!done) found = any_radix_threshold(search.wide_radix, row, vocab, chunk_len, vec_ok, p1, mass, need, sh.radix, key);
+    if (!done) found = wide_radix_threshold(row, vocab, chunk_len, vec_ok, p1, mass, need, sh.radix, key);
     if (found) r.st.tau = key_value(key);
     const float tau = r.st.tau;
     double kept_mass = 0.0;

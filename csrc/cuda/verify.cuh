@@ -57,7 +57,7 @@ struct VerifyParams {
   int batch, block, vocab, cand, chunk_len;
   int splits, split_len;   // greedy rows: CTAs a row, elements a slice (a multiple of kGroup)
   bool vec_ok;
-  ThresholdSearch search;  // sampled rows' threshold search (DSPINE_VERIFY_RADIX, DSPINE_VERIFY_WIDE_RADIX)
+  bool radix_only;         // sampled rows' thresholds by the radix passes alone (DSPINE_VERIFY_RADIX)
 };
 
 // ---- host: the launch's shape and its one workspace ------------------------------------------
@@ -134,7 +134,7 @@ template <typename T>
 __device__ void verify_sampled_row(const VerifyParams& p, int b, int j, const T* x, VerifyScratch& sh) {
   const int row = b * p.block + j;
   const DistResult dist = row_distribution(x, p.vocab, p.chunk_len, p.vec_ok, p.temperature[b], p.top_k[b],
-                                           p.top_p[b], p.search, sh.dist);
+                                           p.top_p[b], p.radix_only, sh.dist);
   const bool has_draft = j < p.block - 1;
   const int64_t* ids = p.cand_ids + (static_cast<int64_t>(b) * (p.block - 1) + j) * p.cand;
   const float* qs = p.cand_probs + (static_cast<int64_t>(b) * (p.block - 1) + j) * p.cand;
