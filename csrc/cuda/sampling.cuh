@@ -219,7 +219,7 @@ __device__ void block_top_k(TopList<MAXK>& list, int k, float* top_v, int* top_i
   __syncthreads();
 }
 
-// ---- radix threshold search (any k, and top-p) ----------------------------------------------
+// ---- radix threshold searches (any k; top-p) --------------------------------------------------
 
 // float -> uint32 with the same order; -0 and +0 share a key (they compare equal).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -291,10 +291,10 @@ __device__ inline void find_bucket_from_top(const unsigned long long* total, Rad
 }
 
 // The largest key K with weight(elements whose key >= K) >= need, by four radix passes of
-// kRadixBits over the row (top-k's search; top-p's is wide_radix_threshold, below). value(x) maps a logit to the ranked float, weight(v) gives its
-// integer weight (0: ignored). Returns false if the whole row weighs less than need.
-// With weight 1 and need k this is the k-th largest value; with fixed-point probabilities and
-// need = top_p it is the top-p threshold tau. The key found does not depend on how its bits are
+// kRadixBits over the row (top-k's search; top-p's is wide_radix_threshold, below). value(x)
+// maps a logit to the ranked float, weight(v) gives its integer weight (0: ignored). Returns
+// false if the whole row weighs less than need. With weight 1 and need k this is the k-th
+// largest value; with fixed-point probabilities and need = top_p it is the top-p threshold tau. The key found does not depend on how its bits are
 // split into passes, nor on the order the integer weights are added in. Uniform control flow only.
 template <typename T, typename ValueFn, typename WeightFn>
 __device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,

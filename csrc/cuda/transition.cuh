@@ -16,9 +16,10 @@
 //    s_j(c | a) = U_j(c) + sum_r P[a, r] g_j[r] Q[c, r] for a in C_{j-1} (the anchor for j = 0):
 //    the 2K + 1 table rows are staged into shared memory with every load in flight at once, then
 //    a warp per (predecessor a, 8 candidates c) reduces their dots over r at once (a warp per
-//    pair for j = 0's single predecessor). The last CTA of a sequence (atomic arrival counter) picks every (position, predecessor) row's successor at
-//    once, a thread a row (greedy first-max, or inverse-CDF over softmax(s / T)); one thread then
-//    follows the chain through those picks, and all write its outputs.
+//    pair for j = 0's single predecessor). The last CTA of a sequence (atomic arrival counter)
+//    picks every (position, predecessor) row's successor at once, a thread a row (greedy
+//    first-max, or inverse-CDF over softmax(s / T)); one thread then follows the chain through
+//    those picks, and all write its outputs.
 // The pair scores need C_{j-1} and C_j, which come from different CTAs of launch 1; a second
 // launch is the dependency-free way to wait for them while keeping the table gathers parallel.
 // Sliced rows: launch 1 leaves each slice's K best; launch 2 merges a row's slices first (one warp
