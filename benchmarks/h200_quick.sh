@@ -26,7 +26,9 @@
 #   round        the Qwen3-8B-shaped round at batch 1 and 8, 1K context, kernel by kernel
 #                (step_table.py --kernels; random weights, no staged model)
 #   ncu          one profiled launch of the sm90 prefill kernel at 8K (ncu-async: with
-#                DSPINE_SM90_ARRIVE=async)
+#                DSPINE_SM90_ARRIVE=async). Every ncu word also writes its SASS source page
+#                (ncu_<name>_sass.csv) and prints its summary (ncu_sass_summary.py: by opcode,
+#                by loop, the hottest instructions; SASS_LINES of it, 45)
 #   verify-splits  decode and verify blocks at 1K / 4K, batch 1 / 8, with 1-32 splits forced (the planner's
 #                choice at short contexts)
 #   ncu-verify   one of the round's attention (ncu_cases.py verify_qwen3_1k_b1)
@@ -82,6 +84,11 @@ profile() {  # name, kernel name regex, then kernel_bench.py's arguments: one la
   say "ncu $name rc $?"; ncu --import "$O/$name.ncu-rep" --page details > "$O/ncu_${name}_details.txt" 2>&1
   ncu --import "$O/$name.ncu-rep" --page source --print-source sass --csv > "$O/ncu_${name}_sass.csv" 2>&1
   grep -E '^  [a-z_ ].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput' "$O/ncu_${name}_details.txt"
+  sass_summary "$name"
+}
+sass_summary() {  # ncu_<name>_sass.csv -> by opcode, by loop, hottest instructions (ncu_sass_summary.py)
+  python3 benchmarks/ncu_sass_summary.py "$O/ncu_$1_sass.csv" --top 12 > "$O/ncu_$1_summary.md" 2>&1
+  head -${SASS_LINES:-45} "$O/ncu_$1_summary.md"
 }
 for b in ${BENCH:-}; do case $b in
   prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare ;;
@@ -110,7 +117,8 @@ for b in ${BENCH:-}; do case $b in
     say "ncu verify_1k rc $?"; ncu --import "$O/verify_1k.ncu-rep" --page details > "$O/ncu_verify_1k_details.txt" 2>&1
     ncu --import "$O/verify_1k.ncu-rep" --page source --print-source sass --csv > "$O/ncu_verify_1k_sass.csv" 2>&1
     grep -E '^  [a-z_ ].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|Grid Size|Registers' \
-      "$O/ncu_verify_1k_details.txt" ;;
+      "$O/ncu_verify_1k_details.txt"
+    sass_summary verify_1k ;;
   ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
   ncu-pairs) profile walk_pairs walk_pairs_kernel --sampling-only ;;  # the walk's second launch, batch 32
   walk-splits)  # the walk's top-k pass with rows sliced n ways (480 rows at batch 32 = 3.6 per SM:

@@ -166,3 +166,43 @@ def test_tp_bench_on_the_cpu(tmp_path, capsys):
     assert rows[1]["step_allreduce_ms"] == 0 and rows[2]["step_allreduce_ms"] > 0
     assert result["target_bytes"] > 0 and result["draft_bytes"] > 0
     assert "| 2 | 2 |" in capsys.readouterr().out
+
+
+def _sass_csv(path, rows):
+    """An ncu source-page export's shape: kernel row, header row, one row per instruction."""
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+              "stall_long_sb", "stall_wait", "stall_wait (Not Issued)"]
+    lines = ['"Kernel Name","void k(int)",', ",".join(f'"{h}"' for h in header)]
+    lines += [",".join(f'"{v}"' for v in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_ncu_sass_summary_groups_opcodes_loops_and_hot_instructions(tmp_path, capsys):
+    import ncu_sass_summary
+    path = tmp_path / "k_sass.csv"
+    _sass_csv(path, [  # address, source, samples, executed, long_sb, wait, wait (not issued)
+        ("0x1000", "      LDG.E.128 R4, desc[UR4][R2.64]", "1", "10", "1", "0", "9"),
+        ("0x1010", "@!P0  FFMA R5, R4, R6, R5", "30", "40", "28", "2", "9"),
+        ("0x1020", "      FFMA R7, R4, R6, R7", "5", "40", "0", "5", "9"),
+        ("0x1030", "@P1   BRA 0x1010", "4", "40", "0", "4", "9"),
+        ("0x1040", "      EXIT", "0", "10", "0", "0", "0"),
+    ])
+    kernel, instrs = ncu_sass_summary.read_sass_csv(str(path))
+    assert kernel == "void k(int)" and [i.opcode for i in instrs] == ["LDG", "FFMA", "FFMA", "BRA", "EXIT"]
+    assert instrs[1].stalls == {"long_sb": 28, "wait": 2}  # the not-issued column is not a reason
+    assert ncu_sass_summary.loops(instrs) == [(1, 3)]
+    assert ncu_sass_summary.main([str(path), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "5 SASS instructions, 140 executed (warp level), 40 stall samples" in out
+    assert "| FFMA | 80 | 57.1 | 35 | 87.5 | long_sb |" in out          # two FFMAs summed
+    assert "| 0x10-0x30 | 3 | 120 | 85.7 | 39 | 97.5 |" in out          # the loop's body
+    assert "| 0x10 | `@!P0  FFMA R5, R4, R6, R5` | 30 | 75.0 | 40 | long_sb 28, wait 2 |" in out
+    assert "stall reasons: long_sb 72.5%, wait 27.5%" in out
+
+
+def test_ncu_sass_summary_refuses_a_file_that_is_not_an_export(tmp_path, capsys):
+    import ncu_sass_summary
+    path = tmp_path / "other.csv"
+    path.write_text('"a","b"\n"1","2"\n')
+    assert ncu_sass_summary.main([str(path)]) == 2
+    assert "no 'Address' header row" in capsys.readouterr().err
