@@ -77,18 +77,21 @@ bench() {  # name, then kernel_bench.py's arguments; BENCH_S its limit, BENCH_CO
     > "$O/$name.log" 2>&1
   say "$name rc $?"; grep -E '^\| (shape|Qwen|Smol)' "$O/$name.log" | cut -d'|' -f"${BENCH_COLS:-2-8,11-17}"
 }
-profile() {  # name, kernel name regex, then kernel_bench.py's arguments: one launch, ncu --set full
-  local name=$1 kernel=$2; shift 2
-  LD_PRELOAD=$CXX_LIB timeout 90 ncu --set full --kernel-name "regex:$kernel" --launch-skip 3 --launch-count 1 \
-    -o "$O/$name" python3 benchmarks/kernel_bench.py "$@" --out "$O/ncu_$name" > "$O/ncu_$name.log" 2>&1
+ncu_one() {  # name, kernel name regex, launches to skip, then the command: one launch, ncu --set full
+  local name=$1 kernel=$2 skip=$3; shift 3
+  LD_PRELOAD=$CXX_LIB timeout 90 ncu --set full --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
+    -o "$O/$name" "$@" > "$O/ncu_$name.log" 2>&1
   say "ncu $name rc $?"; ncu --import "$O/$name.ncu-rep" --page details > "$O/ncu_${name}_details.txt" 2>&1
   ncu --import "$O/$name.ncu-rep" --page source --print-source sass --csv > "$O/ncu_${name}_sass.csv" 2>&1
-  grep -E '^  [a-z_ ].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput' "$O/ncu_${name}_details.txt"
-  sass_summary "$name"
+  grep -E '^  [a-z_ ].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|Grid Size|Registers' \
+    "$O/ncu_${name}_details.txt"
+  # The SASS page by opcode, by loop and its hottest instructions (ncu_sass_summary.py).
+  python3 benchmarks/ncu_sass_summary.py "$O/ncu_${name}_sass.csv" --top 12 > "$O/ncu_${name}_summary.md" 2>&1
+  head -"${SASS_LINES:-45}" "$O/ncu_${name}_summary.md"
 }
-sass_summary() {  # ncu_<name>_sass.csv -> by opcode, by loop, hottest instructions (ncu_sass_summary.py)
-  python3 benchmarks/ncu_sass_summary.py "$O/ncu_$1_sass.csv" --top 12 > "$O/ncu_$1_summary.md" 2>&1
-  head -${SASS_LINES:-45} "$O/ncu_$1_summary.md"
+profile() {  # name, kernel name regex, then kernel_bench.py's arguments
+  local name=$1 kernel=$2; shift 2
+  ncu_one "$name" "$kernel" 3 python3 benchmarks/kernel_bench.py "$@" --out "$O/ncu_$name"
 }
 for b in ${BENCH:-}; do case $b in
   prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare ;;
@@ -111,14 +114,7 @@ for b in ${BENCH:-}; do case $b in
       --kernels --out "$O/round" > "$O/round.log" 2>&1
     say "round rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round.log" | cut -c1-150 ;;
   ncu-verify)  # the round's attention: a 16-token verify block, Qwen3-8B heads, 1K, batch 1, exact
-    LD_PRELOAD=$CXX_LIB timeout 90 ncu --set full --kernel-name regex:paged_attention_mma --launch-skip 1 \
-      --launch-count 1 -o "$O/verify_1k" python3 benchmarks/ncu_cases.py verify_qwen3_1k_b1 --repeats 3 \
-      > "$O/ncu_verify_1k.log" 2>&1
-    say "ncu verify_1k rc $?"; ncu --import "$O/verify_1k.ncu-rep" --page details > "$O/ncu_verify_1k_details.txt" 2>&1
-    ncu --import "$O/verify_1k.ncu-rep" --page source --print-source sass --csv > "$O/ncu_verify_1k_sass.csv" 2>&1
-    grep -E '^  [a-z_ ].*\(|Duration|Issue Slots Busy|Warp Cycles Per Issued|DRAM Throughput|Grid Size|Registers' \
-      "$O/ncu_verify_1k_details.txt"
-    sass_summary verify_1k ;;
+    ncu_one verify_1k paged_attention_mma 1 python3 benchmarks/ncu_cases.py verify_qwen3_1k_b1 --repeats 3 ;;
   ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
   ncu-pairs) profile walk_pairs walk_pairs_kernel --sampling-only ;;  # the walk's second launch, batch 32
   walk-splits)  # the walk's top-k pass with rows sliced n ways (480 rows at batch 32 = 3.6 per SM:
@@ -142,7 +138,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, walk-splits, verify-splits, dense, round-dense, sass-dense)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)
