@@ -81,8 +81,9 @@ def loops(instrs: list[Instruction]) -> list[tuple[int, int]]:
     found = set()
     for i, ins in enumerate(instrs):
         m = _BRANCH_TARGET.search(ins.source)
-        if m and int(m.group(1), 16) <= ins.address and int(m.group(1), 16) in index:
-            found.add((index[int(m.group(1), 16)], i))
+        target = int(m.group(1), 16) if m else None
+        if target is not None and target <= ins.address and target in index:
+            found.add((index[target], i))
     return sorted(found, key=lambda span: (span[0], -span[1]))
 
 

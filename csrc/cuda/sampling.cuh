@@ -294,8 +294,9 @@ __device__ inline void find_bucket_from_top(const unsigned long long* total, Rad
 // kRadixBits over the row (top-k's search; top-p's is wide_radix_threshold, below). value(x)
 // maps a logit to the ranked float, weight(v) gives its integer weight (0: ignored). Returns
 // false if the whole row weighs less than need. With weight 1 and need k this is the k-th
-// largest value; with fixed-point probabilities and need = top_p it is the top-p threshold tau. The key found does not depend on how its bits are
-// split into passes, nor on the order the integer weights are added in. Uniform control flow only.
+// largest value; with fixed-point probabilities and need = top_p it is the top-p threshold tau.
+// The key found does not depend on how its bits are split into passes, nor on the order the
+// integer weights are added in. Uniform control flow only.
 template <typename T, typename ValueFn, typename WeightFn>
 __device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
                                 WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
