@@ -290,80 +290,62 @@ __device__ inline void find_bucket_from_top(const unsigned long long* total, Rad
   }
 }
 
-// The largest key K with weight(elements whose key >= K) >= need, by four radix passes of
-// kRadixBits over the row (top-k's search; top-p's is wide_radix_threshold, below). value(x)
-// maps a logit to the ranked float, weight(v) gives its integer weight (0: ignored). Returns
-// false if the whole row weighs less than need. With weight 1 and need k this is the k-th
-// largest value; with fixed-point probabilities and need = top_p it is the top-p threshold tau.
-// The key found does not depend on how its bits are split into passes, nor on the order the
-// integer weights are added in. Uniform control flow only.
-template <typename T, typename ValueFn, typename WeightFn>
-__device__ bool radix_threshold(const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
-                                WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
+// The largest key K with weight(elements whose key >= K) >= need, by radix passes over the row.
+// value(x) maps a logit to the ranked float, weight(v) gives its integer weight (0: ignored).
+// Returns false if the whole row weighs less than need. With weight 1 and need k this is the
+// k-th largest value; with fixed-point probabilities and need = top_p it is the top-p threshold
+// tau. The key found does not depend on how its bits are split into passes, nor on the order the
+// integer weights are added in. Uniform control flow only. Two digit layouts:
+// - narrow (top-k's): four passes of kRadixBits, each warp adding into its own histogram with
+//   warp aggregation (warp_aggregated_add), the warps' histograms summed after the pass;
+// - wide (top-p's): three passes of 11, 11 and 10 bits into one CTA-wide histogram of kWideBins
+//   buckets (the per-warp histograms' storage), a plain shared atomic per hit: no match / reduce
+//   per element, one pass fewer. A probability's key starts with its exponent, so a flat row
+//   (the rows that reach a radix search under top-p: the levels failed) spreads over hundreds of
+//   quarter-octave buckets and the atomics rarely collide. A peaked row's logits share their top
+//   11 bits, and same-bucket atomics then serialise (top-k + top-p on peaked rows, radix only:
+//   2.8 -> 5.6 ms at batch 32, H100), so top-k keeps the narrow passes.
+constexpr int kWideBins = 2048;
+static_assert(kRowWarps * kRadixPitch >= kWideBins, "the wide histogram reuses the per-warp ones' storage");
+
+template <bool Wide, typename T, typename ValueFn, typename WeightFn>
+__device__ bool radix_search(const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
+                             WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
+  constexpr int kPasses = Wide ? 3 : 32 / kRadixBits;
+  constexpr int kHistWords = Wide ? kWideBins : kRowWarps * kRadixPitch;
   uint32_t prefix = 0, prefix_mask = 0;
   unsigned long long above = 0;
 #pragma unroll 1
-  for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = Wide ? (pass == 0 ? 21 : pass == 1 ? 10 : 0) : 32 - kRadixBits * (pass + 1);
+    const uint32_t digit_mask = Wide ? (pass == 2 ? 0x3ffu : 0x7ffu) : kRadixBins - 1;
     __syncthreads();  // the previous pass (or caller) is done with sh
-    for (int i = threadIdx.x; i < kRowWarps * kRadixPitch; i += blockDim.x) sh.hist[i] = 0;
+    for (int i = threadIdx.x; i < kHistWords; i += blockDim.x) sh.hist[i] = 0;
     __syncthreads();
     for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
       const float v = value(x);
       const uint32_t key = order_key(v);
       const unsigned long long w = valid ? weight(v) : 0ull;
       const bool hit = w != 0 && (key & prefix_mask) == prefix;
-      unsigned long long* mine = sh.hist + (threadIdx.x / kWarpSize) * kRadixPitch;  // this warp's
-      warp_aggregated_add(mine, hit ? static_cast<int>((key >> shift) & (kRadixBins - 1)) : -1, hit ? w : 0ull);
+      const int bucket = static_cast<int>((key >> shift) & digit_mask);
+      if (Wide) {
+        if (hit) atomicAdd(&sh.hist[bucket], w);
+      } else {
+        unsigned long long* mine = sh.hist + (threadIdx.x / kWarpSize) * kRadixPitch;  // this warp's
+        warp_aggregated_add(mine, hit ? bucket : -1, hit ? w : 0ull);
+      }
     });
     __syncthreads();
-    for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) {
-      unsigned long long sum = 0;
-      for (int w = 0; w < kRowWarps; ++w) sum += sh.hist[w * kRadixPitch + b];
-      sh.total[b] = sum;
+    if (!Wide) {
+      for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) {
+        unsigned long long sum = 0;
+        for (int w = 0; w < kRowWarps; ++w) sum += sh.hist[w * kRadixPitch + b];
+        sh.total[b] = sum;
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    if (threadIdx.x < kWarpSize) find_bucket_from_top<kRadixBins>(sh.total, sh, need, above);
-    __syncthreads();
-    const int bucket = sh.bucket;
-    if (bucket < 0) return false;
-    above = sh.above;
-    prefix |= static_cast<uint32_t>(bucket) << shift;
-    prefix_mask |= static_cast<uint32_t>(kRadixBins - 1) << shift;
-  }
-  key_out = prefix;
-  return true;
-}
-
-// The same key by three passes of 11, 11 and 10 bits into one CTA-wide histogram of kWideBins
-// buckets (sh.hist's storage), a plain shared atomic per hit: no match / reduce per element, one
-// pass fewer. For top-p's probabilities: their keys (exponent and two mantissa bits first) spread
-// a row over hundreds of buckets, and the rows that reach a radix search are the flat ones (the
-// levels failed). Logits are another matter: a peaked row's logits share their top 11 bits, and
-// same-bucket atomics then serialise (top-k + top-p on peaked rows, radix only: 2.8 -> 5.6 ms at
-// batch 32, H100), so top-k keeps the 8-bit per-warp passes with their warp aggregation.
-constexpr int kWideBins = 2048;
-static_assert(kRowWarps * kRadixPitch >= kWideBins, "the wide histogram reuses the per-warp ones' storage");
-
-template <typename T, typename ValueFn, typename WeightFn>
-__device__ bool wide_radix_threshold(const T* row, int vocab, int chunk_len, bool vec_ok, ValueFn value,
-                                     WeightFn weight, unsigned long long need, RadixScratch& sh, uint32_t& key_out) {
-  uint32_t prefix = 0, prefix_mask = 0;
-  unsigned long long above = 0;
-#pragma unroll 1
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-    const uint32_t digit_mask = pass == 2 ? 0x3ffu : 0x7ffu;
-    __syncthreads();  // the previous pass (or caller) is done with sh
-    for (int i = threadIdx.x; i < kWideBins; i += blockDim.x) sh.hist[i] = 0;
-    __syncthreads();
-    for_each_in_chunk(row, vocab, chunk_len, vec_ok, [&](int, float x, bool valid) {
-      const float v = value(x);
-      const uint32_t key = order_key(v);
-      const unsigned long long w = valid ? weight(v) : 0ull;
-      if (w != 0 && (key & prefix_mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & digit_mask], w);
-    });
-    __syncthreads();
-    if (threadIdx.x < kWarpSize) find_bucket_from_top<kWideBins>(sh.hist, sh, need, above);
+    if (threadIdx.x < kWarpSize)
+      find_bucket_from_top<Wide ? kWideBins : kRadixBins>(Wide ? sh.hist : sh.total, sh, need, above);
     __syncthreads();
     const int bucket = sh.bucket;
     if (bucket < 0) return false;
@@ -601,7 +583,7 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
       if (bound > -INFINITY || vocab <= kCandCap)
         gathered = gathered_threshold(row, vocab, chunk_len, vec_ok, scaled, count, bound, need, sh.cand, found, key);
     }
-    if (!gathered) found = radix_threshold(row, vocab, chunk_len, vec_ok, scaled, count, need, sh.radix, key);
+    if (!gathered) found = radix_search<false>(row, vocab, chunk_len, vec_ok, scaled, count, need, sh.radix, key);
     if (found) r.st.kth = key_value(key);
   }
   // Online softmax over the chunk: running max and sum of exp relative to it. From the
@@ -645,7 +627,7 @@ __device__ DistResult row_distribution(const T* row, int vocab, int chunk_len, b
     }
     // done: the candidates hold every element with p >= tau (top-k's: every one with p > 0;
     // the levels': every one at or above a level whose mass reaches top_p, so tau >= it).
-    if (!done) found = wide_radix_threshold(row, vocab, chunk_len, vec_ok, p1, mass, need, sh.radix, key);
+    if (!done) found = radix_search<true>(row, vocab, chunk_len, vec_ok, p1, mass, need, sh.radix, key);
     if (found) r.st.tau = key_value(key);
     const float tau = r.st.tau;
     double kept_mass = 0.0;
