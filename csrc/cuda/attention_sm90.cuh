@@ -20,8 +20,9 @@
 //                warp is the m16n8 layout they were written for), P converted in registers and
 //                O += P V with P as the register operand (RS). Two batches in flight: tile i's
 //                Q K^T and tile i-1's P V are issued together, the softmax of tile i runs under
-//                P V, O is rescaled when P V retires (FlashAttention-3's intra-warpgroup
-//                overlap). A stage of K is released when its Q K^T retires, one of V after P V.
+//                P V, O is rescaled under the next step's Q K^T (FlashAttention-3's
+//                intra-warpgroup overlap). A stage of K is released when its Q K^T retires, one
+//                of V after P V.
 // Masks are applied only on tiles that some row of the CTA cannot fully see (the causal
 // diagonal), as in the mma.sync kernel. No key split: the heuristic sends a call here only when
 // its row tiles fill the GPU by themselves.
@@ -300,7 +301,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     // ---------------------------------------------------------------- consumer warpgroups
     // Two wgmma batches in flight (FlashAttention-3's intra-warpgroup overlap): tile i's Q K^T
     // and tile i-1's P V are issued back to back, the softmax of tile i runs while P V still
-    // accumulates, and O takes tile i's correction once P V has retired.
+    // accumulates, and O takes tile i's correction under the next step's Q K^T.
     cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
     const int lane = threadIdx.x % kWarpSize;
     RowState rs(p, w, w.row0 + C::warp_row0() + lane / 4);  // this thread's rows: that one and + 8
@@ -351,6 +352,14 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
 #pragma unroll
       for (int j = 0; j < size(tOrO); ++j) o[j / 4][j % 4] = tOrO(j);
     };
+    // O (no P V in flight) takes the last softmax's correction.
+    auto rescale_o = [&] {
+      float o[D / 8][4];
+      o_of_regs(o);
+      rescale_rows<D>(o, corr);
+#pragma unroll
+      for (int j = 0; j < size(tOrO); ++j) tOrO(j) = o[j / 4][j % 4];
+    };
 
     Bar::wait(q_full, 0);
     Bar::wait(&full_k[0], 0);
@@ -367,11 +376,17 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     // the CTA clears.
     const int me = wg - 1;
     if (me == 1) cutlass::arch::NamedBarrier::arrive(256, 1);
+    // O takes tile i - 1's correction between the issues of Q K_i^T and P V_{i-1}, while the
+    // tensor cores run the first (FlashAttention-3's order), not after P V retires, where it sat
+    // between that wait and the next step's issues. The same operations in the same order:
+    // ((P_0 V_0) c_1 + P_1 V_1) c_2 + P_2 V_2 ..., so the same bits. Tile 0's correction meets
+    // an O that is still zero, so step 1 has none to apply.
     for (int i = 1; i < n_tiles; ++i) {
       const int stage = i % C::kStages, prev = (i - 1) % C::kStages;
       Bar::wait(&full_k[stage], use_parity(i));
       cutlass::arch::NamedBarrier::sync(256, 1 + me);
       wgmma_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, stage), tSrS);
+      if (i > 1) rescale_o();
       Bar::wait(&full_v[prev], use_parity(i - 1));
       wgmma_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, prev), tOrO);
       cutlass::arch::NamedBarrier::arrive(256, 2 - me);
@@ -379,14 +394,10 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
       Bar::arrive(&empty_k[stage]);
       softmax_tile(i);
       retire_pv(prev);
-      float o[D / 8][4];
-      o_of_regs(o);
-      rescale_rows<D>(o, corr);
-#pragma unroll
-      for (int j = 0; j < size(tOrO); ++j) tOrO(j) = o[j / 4][j % 4];
       p_from_s();
     }
     const int last = (n_tiles - 1) % C::kStages;
+    if (n_tiles > 1) rescale_o();
     Bar::wait(&full_v[last], use_parity(n_tiles - 1));
     wgmma_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, last), tOrO);
     retire_pv(last);
