@@ -21,7 +21,7 @@
 #   prefill-async  the same with DSPINE_SM90_ARRIVE=async (the producer's arrivals handed to the
 #                copy unit: attention_sm90.cuh, Sm90AsyncAnnouncer)
 #   attention    decode and verify blocks on Qwen3-8B heads at 8K, batch 1 / 8 / 32
-#   segments     the row-exact mode's decode / verify at 256 and 128 keys a segment
+#   segments     the row-exact mode's decode / verify at 256 and SEGMENTS (128) keys a segment
 #                (DSPINE_ATTN_EXACT_SEGMENT), 1K and 8K
 #   round        the Qwen3-8B-shaped round at batch 1 and 8, 1K context, kernel by kernel
 #                (step_table.py --kernels; random weights, no staged model)
@@ -38,6 +38,8 @@
 #   dense        our CUDA GEMM for few rows against cuBLAS on the round's shapes (cuda_dense_gemm.py)
 #   round-dense  the round as `round` with the projections on our GEMM (DSPINE_DENSE_CUDA=1)
 #   sass-dense   the GEMM's SASS (cuobjdump): where its loads issue against its mmas
+#   sass-sm90    the hd-128 prefill kernel's landmarks in SASS order (sass_landmarks.py): wgmma
+#                issues and waits against the softmax's exp2 runs
 set -u
 O=${OUT:-$PWD/quick_out}; mkdir -p "$O"
 t0=$(date +%s); say() { echo "[quick $(( $(date +%s) - t0 ))s] $*"; }
@@ -105,8 +107,8 @@ for b in ${BENCH:-}; do case $b in
   ncu-async) (export DSPINE_SM90_ARRIVE=async
     profile sm90_prefill_async paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
       --ctxs 8192 --sm90 on) ;;
-  segments)  # the row-exact segment size (default 256 keys) against 128 at short contexts
-    for seg in 256 128; do (export DSPINE_ATTN_EXACT_SEGMENT=$seg
+  segments)  # the row-exact segment size (default 256 keys) against SEGMENTS (128) at short contexts
+    for seg in 256 ${SEGMENTS:-128}; do (export DSPINE_ATTN_EXACT_SEGMENT=$seg
       bench segments_$seg --modes decode verify --shapes Qwen3-8B --ctxs 1024 8192 --batches 1 8 --exact)
     done ;;
   round)  # issue 12 item 4: the Qwen3-8B-shaped round (random weights), kernel by kernel
@@ -130,6 +132,15 @@ for b in ${BENCH:-}; do case $b in
     LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 \
       --kernels --out "$O/round_dense" > "$O/round_dense.log" 2>&1
     say "round-dense rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round_dense.log" | cut -c1-150) ;;
+  sass-sm90)  # the hd-128 bf16 prefill kernel's landmarks in SASS order (sass_landmarks.py): where
+    # ptxas put each wgmma wait against the softmax's exp2 runs
+    so=$(ls dspine_engine/_C*.so | head -1)
+    f="$O/sass_sm90_hd128.txt"
+    cuobjdump -sass -fun "_ZN6dspine3gpu27paged_attention_sm90_kernelI13__nv_bfloat16Li128ELb1EEEvNS0_20PagedAttentionParamsE" \
+      "$so" > "$f" 2>&1
+    python3 benchmarks/sass_landmarks.py "$f" > "$O/sass_sm90_landmarks.txt" 2>&1
+    say "sass-sm90 rc $?: $(wc -l < "$O/sass_sm90_landmarks.txt") landmark runs"
+    grep -vE ' branch x| mbarrier x' "$O/sass_sm90_landmarks.txt" | head -"${SASS_LINES:-45}" ;;
   sass-dense)
     so=$(ls dspine_engine/_C*.so | head -1)
     for ring in 0 1; do  # the register batches (b0) and the cp.async ring (b1), 16 rows, 1 column tile
@@ -138,7 +149,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)

@@ -206,3 +206,32 @@ def test_ncu_sass_summary_refuses_a_file_that_is_not_an_export(tmp_path, capsys)
     path.write_text('"a","b"\n"1","2"\n')
     assert ncu_sass_summary.main([str(path)]) == 2
     assert "no 'Address' header row" in capsys.readouterr().err
+
+
+def test_sass_landmarks_keeps_the_order_and_counts_runs(tmp_path, capsys):
+    """cuobjdump's layout: runs of one landmark kind fold into a line with their count, other
+    instructions between two runs show as +n, an address window cuts both ends."""
+    import sass_landmarks
+    path = tmp_path / "k.sass"
+    path.write_text("\n".join([
+        "        Function : k",
+        "        /*0000*/                   HGMMA.64x128x16.F32.BF16 R88, gdesc[UR20], RZ, !UPT ;",
+        "        /*0010*/                   HGMMA.64x128x16.F32.BF16 R88, gdesc[UR20], R88, gsb0 ;",
+        "        /*0020*/                   FMUL.FTZ R24, R24, R7 ;",
+        "        /*0030*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+        "        /*0040*/                   FMNMX.FTZ R7, R190, R89, !PT ;",
+        "        /*0050*/                   MUFU.EX2 R7, R7 ;",
+        "        /*0060*/                   MUFU.EX2 R8, R8 ;",
+        "        /*0070*/              @!P0 BRA 0x0 ;",
+        "        /*0080*/                   EXIT ;",
+    ]) + "\n")
+    instrs = sass_landmarks.instructions(path.read_text())
+    assert len(instrs) == 9 and instrs[6] == (0x60, "MUFU.EX2 R8, R8")
+    runs = sass_landmarks.landmarks(instrs)
+    assert [(r[1], r[2], r[4]) for r in runs] == [
+        ("wgmma", 2, 0), ("wgmma wait", 1, 1), ("max", 1, 0), ("exp2", 2, 0), ("branch", 1, 0)]
+    assert [r[1] for r in sass_landmarks.landmarks(instrs, 0x30, 0x50)] == ["wgmma wait", "max", "exp2"]
+    assert sass_landmarks.main([str(path), "--from", "0x30", "--to", "0x60"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("0x00030 wgmma wait x1: WARPGROUP.DEPBAR.LE gsb0, 0x0") and len(out) == 3
+    assert "exp2 x2: MUFU.EX2 R7, R7" in out[2]
