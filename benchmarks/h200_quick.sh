@@ -107,9 +107,11 @@ for b in ${BENCH:-}; do case $b in
   ncu-async) (export DSPINE_SM90_ARRIVE=async
     profile sm90_prefill_async paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
       --ctxs 8192 --sm90 on) ;;
-  segments)  # the row-exact segment size (default 256 keys) against SEGMENTS (128) at short contexts
+  segments)  # the row-exact segment size (default 256 keys) against SEGMENTS (128) at short contexts;
+    # the columns shown are the exact modes' (18-19: row tiles, key split), which the size changes
     for seg in 256 ${SEGMENTS:-128}; do (export DSPINE_ATTN_EXACT_SEGMENT=$seg
-      bench segments_$seg --modes decode verify --shapes Qwen3-8B --ctxs 1024 8192 --batches 1 8 --exact)
+      BENCH_COLS=2-7,18-19 bench segments_$seg --modes decode verify --shapes Qwen3-8B --ctxs 1024 8192 \
+        --batches 1 8 --exact)
     done ;;
   round)  # issue 12 item 4: the Qwen3-8B-shaped round (random weights), kernel by kernel
     LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 \
