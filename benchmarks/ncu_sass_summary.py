@@ -22,6 +22,15 @@ _BRANCH_TARGET = re.compile(r"\bBRA\b.*?(0x[0-9a-fA-F]+)\s*$")
 _STALL_PREFIX = "stall_"
 
 
+def mnemonic(source: str) -> str:
+    """The instruction's opcode with its modifiers, without a predicate guard:
+    `@!P0 LDG.E.128 R4, ...` -> `LDG.E.128` ("" for an empty line)."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0] if words else ""
+
+
 @dataclass
 class Instruction:
     address: int
@@ -33,10 +42,7 @@ class Instruction:
     @property
     def opcode(self) -> str:
         """The mnemonic without predicate and modifiers: `@!P0 LDG.E.128 R4, ...` -> `LDG`."""
-        words = self.source.split()
-        if words and words[0].startswith("@"):
-            words = words[1:]
-        return words[0].split(".")[0] if words else "?"
+        return mnemonic(self.source).split(".")[0] or "?"
 
     def top_stalls(self, n: int = 2) -> str:
         ranked = sorted(((v, k) for k, v in self.stalls.items() if v > 0), reverse=True)[:n]

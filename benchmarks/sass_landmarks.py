@@ -16,6 +16,8 @@ import argparse
 import re
 import sys
 
+from ncu_sass_summary import mnemonic
+
 _LINE = re.compile(r"/\*([0-9a-fA-F]{4,})\*/\s+(.*?)\s*;")
 # (kind, test on the opcode with its modifiers); the first that matches names the instruction.
 _KINDS = [
@@ -32,7 +34,7 @@ _KINDS = [
 
 
 def instructions(text: str) -> list[tuple[int, str]]:
-    """(address, instruction text without the predicate guard's effect on the opcode) per line."""
+    """(address, instruction text, predicate guard included) per instruction line."""
     out = []
     for line in text.splitlines():
         m = _LINE.search(line)
@@ -42,15 +44,8 @@ def instructions(text: str) -> list[tuple[int, str]]:
 
 
 def kind_of(instruction: str) -> str | None:
-    words = instruction.split()
-    if words and words[0].startswith("@"):
-        words = words[1:]
-    if not words:
-        return None
-    for kind, test in _KINDS:
-        if test(words[0]):
-            return kind
-    return None
+    op = mnemonic(instruction)
+    return next((kind for kind, test in _KINDS if op and test(op)), None)
 
 
 def landmarks(instrs: list[tuple[int, str]], lo: int = 0, hi: int | None = None) -> list[tuple[int, str, int, str, int]]:
