@@ -18,6 +18,9 @@
 # the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest,
 # 60-200 s each):
 #   prefill      the sm90 kernel against mma.sync and cuDNN (causal, Qwen3-8B and SmolLM2 heads)
+#   prefill-cuts where the prefill's time goes: the sm90 kernel rebuilt without its K/V loads (1),
+#                without its softmax (2), without both (3), Qwen3-8B heads at 8K; wrong outputs,
+#                timing only (csrc/cuda/attention_sm90_cuts.h); the normal build is restored after
 #   prefill-async  the same with DSPINE_SM90_ARRIVE=async (the producer's arrivals handed to the
 #                copy unit: attention_sm90.cuh, Sm90AsyncAnnouncer)
 #   attention    decode and verify blocks on Qwen3-8B heads at 8K, batch 1 / 8 / 32
@@ -49,7 +52,10 @@ export PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1
 export DSPINE_CUTLASS_INCLUDE=/root/site/cutlass_library/source/include
 # The tests run on the compiler's libstdc++ (the GPU machine's torch loads an older one first).
 CXX_LIB=$($(command -v c++ || echo g++) -print-file-name=libstdc++.so)
-DSPINE_CUDA_ARCHS=${ARCHS:-90a} MAX_JOBS=$(nproc) timeout 330 python3 setup.py build_ext --inplace > "$O/build.log" 2>&1
+build() {  # the extension in place (ninja recompiles what changed), its log into $1
+  DSPINE_CUDA_ARCHS=${ARCHS:-90a} MAX_JOBS=$(nproc) timeout 330 python3 setup.py build_ext --inplace > "$1" 2>&1
+}
+build "$O/build.log"
 rc=$?; say "build rc $rc"; tail -2 "$O/build.log"; [ $rc = 0 ] || exit 1
 grep -E "csrc/.*(warning|error)" "$O/build.log" | sort -u | head
 # A hung kernel fails its test instead of the whole call, where pytest-timeout is carried
@@ -100,6 +106,16 @@ for b in ${BENCH:-}; do case $b in
   verify-splits) BENCH_S=150 BENCH_COLS=1- bench verify_splits --modes decode verify --shapes Qwen3-8B SmolLM2 \
       --ctxs 1024 4096 --batches 1 8 --splits 1 2 4 8 16 32 ;;  # every column: the forced counts' table too
   attention) bench attention --modes decode verify --shapes Qwen3-8B --ctxs 8192 --batches 1 8 32 ;;
+  prefill-cuts)  # the sm90 kernel rebuilt with a part cut (attention_sm90_cuts.h), 8K prefill each;
+    # the header goes back to 0 and the extension is rebuilt at the end (~3 min in all)
+    h=csrc/cuda/attention_sm90_cuts.h
+    for cut in 1 2 3; do
+      sed -i "s/^#define DSPINE_SM90_CUTS .*/#define DSPINE_SM90_CUTS $cut/" $h
+      build "$O/build_cut$cut.log" || { say "prefill-cuts: the build with cut $cut failed"; break; }
+      bench prefill_cut$cut --modes prefill --shapes Qwen3-8B --ctxs 8192 --sm90 compare
+    done
+    sed -i "s/^#define DSPINE_SM90_CUTS .*/#define DSPINE_SM90_CUTS 0/" $h
+    build "$O/build_cut0.log"; say "prefill-cuts: cuts back to 0, rebuilt (rc $?)" ;;
   prefill-async) (export DSPINE_SM90_ARRIVE=async
     bench prefill_async --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare) ;;
   ncu) profile sm90_prefill paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
@@ -151,7 +167,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense, sass-sm90)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)

@@ -235,3 +235,14 @@ def test_sass_landmarks_keeps_the_order_and_counts_runs(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("0x00030 wgmma wait x1: WARPGROUP.DEPBAR.LE gsb0, 0x0") and len(out) == 3
     assert "exp2 x2: MUFU.EX2 R7, R7" in out[2]
+
+
+def test_the_sm90_kernel_is_built_with_no_part_cut():
+    """`h200_quick.sh prefill-cuts` rewrites DSPINE_SM90_CUTS on the GPU machine to time the
+    prefill with a part removed, and puts 0 back; a cut value committed by mistake would build a
+    kernel with wrong outputs that only a GPU test run would catch, so the CPU checks the value."""
+    header = BENCHMARKS.parent / "csrc" / "cuda" / "attention_sm90_cuts.h"
+    defines = [line.split() for line in header.read_text().splitlines() if line.startswith("#define DSPINE_SM90_CUTS")]
+    assert defines == [["#define", "DSPINE_SM90_CUTS", "0"]]
+    quick = (BENCHMARKS / "h200_quick.sh").read_text()
+    assert 's/^#define DSPINE_SM90_CUTS .*/#define DSPINE_SM90_CUTS 0/' in quick  # the word restores it

@@ -42,6 +42,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "attention.cuh"
+#include "attention_sm90_cuts.h"
 
 // The wgmma / setmaxnreg code exists only in the sm_90a pass; every other pass (sm_80, the host)
 // sees a kernel that traps (never launched there: attention_sm90_runnable() checks the image).
@@ -285,13 +286,14 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
         next = sm90_key_run<C>(p, w, table, w.tile_begin + i + 1, tid);  // read before the wait
         const int stage = (i + 1) % C::kStages;
         Bar::wait(&empty_k[stage], use_parity(i + 1) ^ 1);
-        sm90_load_tile<C>(sK, p.k_cache, p, w, table, next, stage, tid);
+        if (!sm90_cut(kSm90CutLoads) || i + 1 < C::kStages)
+          sm90_load_tile<C>(sK, p.k_cache, p, w, table, next, stage, tid);
         cp_async_commit();
         announce.issued(&full_k[stage]);
       }
       const int stage = i % C::kStages;
       Bar::wait(&empty_v[stage], use_parity(i) ^ 1);
-      sm90_load_tile<C>(sV, p.v_cache, p, w, table, run, stage, tid);
+      if (!sm90_cut(kSm90CutLoads) || i < C::kStages) sm90_load_tile<C>(sV, p.v_cache, p, w, table, run, stage, tid);
       cp_async_commit();
       announce.issued(&full_v[stage]);
       run = next;
@@ -334,6 +336,10 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     auto softmax_tile = [&](int i) {
 #pragma unroll
       for (int j = 0; j < size(tSrS); ++j) s[j / 4][j % 4] = tSrS(j);
+      if constexpr (sm90_cut(kSm90CutSoftmax)) {
+        corr[0] = corr[1] = 1.f;
+        return;
+      }
       const int k0 = (w.tile_begin + i) * C::kBlockN;
       const bool need_mask = !(k0 >= w.full_lo && k0 + C::kBlockN - 1 <= w.full_hi);
       softmax_scores<C::kBlockN>(s, rs.m_run, rs.l_run, corr, k0, need_mask, rs.vis0, rs.vis1, rs.scale_log2);
