@@ -286,14 +286,13 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
         next = sm90_key_run<C>(p, w, table, w.tile_begin + i + 1, tid);  // read before the wait
         const int stage = (i + 1) % C::kStages;
         Bar::wait(&empty_k[stage], use_parity(i + 1) ^ 1);
-        if (!sm90_cut(kSm90CutLoads) || i + 1 < C::kStages)
-          sm90_load_tile<C>(sK, p.k_cache, p, w, table, next, stage, tid);
+        if (sm90_loads_tile(i + 1, C::kStages)) sm90_load_tile<C>(sK, p.k_cache, p, w, table, next, stage, tid);
         cp_async_commit();
         announce.issued(&full_k[stage]);
       }
       const int stage = i % C::kStages;
       Bar::wait(&empty_v[stage], use_parity(i) ^ 1);
-      if (!sm90_cut(kSm90CutLoads) || i < C::kStages) sm90_load_tile<C>(sV, p.v_cache, p, w, table, run, stage, tid);
+      if (sm90_loads_tile(i, C::kStages)) sm90_load_tile<C>(sV, p.v_cache, p, w, table, run, stage, tid);
       cp_async_commit();
       announce.issued(&full_v[stage]);
       run = next;

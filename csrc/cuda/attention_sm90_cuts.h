@@ -16,4 +16,8 @@ constexpr int kSm90CutSoftmax = 2;
 
 constexpr bool sm90_cut(int part) { return (DSPINE_SM90_CUTS & part) != 0; }
 
+// Whether the producer loads the CTA's i-th tile (of K or V) into its stage: always, unless the
+// loads are cut and the stage has been filled once already.
+constexpr bool sm90_loads_tile(int i, int stages) { return !sm90_cut(kSm90CutLoads) || i < stages; }
+
 }  // namespace dspine::gpu
