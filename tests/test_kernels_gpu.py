@@ -549,6 +549,19 @@ def _sm90_launches():
     return torch.ops.dspine.attention_sm90_launches()
 
 
+def _sm90_tma_launches():
+    return torch.ops.dspine.attention_sm90_tma_launches()
+
+
+def _tma_box_rows(page_size):
+    """attention_heuristics.h:sm90_tma_box_rows: the largest power of two <= 128 dividing the page
+    size, if it is at least 8 (else every tile goes by cp.async)."""
+    rows = 128
+    while rows >= 8 and page_size % rows:
+        rows //= 2
+    return rows if rows >= 8 else 0
+
+
 def _sm90_available():
     return (torch.cuda.is_available() and _is_hopper() and hasattr(torch.ops.dspine, "attention_sm90_available")
             and torch.ops.dspine.attention_sm90_available() == 1)
@@ -583,27 +596,36 @@ SM90_CASES = [
     # page of 8 (one table read); 16 at head dim 128, longer than a page of 8 (a read per key).
     ("page_8_run_of_a_page_hd64", [150], [150 + 300], 4, 2, 64, 8, True, 0),
     ("page_8_shorter_than_run_hd128", [140], [140 + 200], 8, 2, 128, 8, True, 0),
+    # TMA boxes of 128 rows inside a page of 256 (a tile starts mid-page), and of 8 rows on a
+    # page of 24 beside a second sequence whose range starts mid-tile.
+    ("page_256_boxes_inside_a_page_hd128", [300], [300 + 700], 8, 2, 128, 256, True, 0),
+    ("page_24_boxes_of_8_two_seqs_hd128", [70, 260], [70 + 500, 260], 8, 4, 128, 24, True, 0),
 ]
 
 
 @needs_sm90
+@pytest.mark.parametrize("loads", ["tma", "cp.async"])
 @pytest.mark.parametrize("arrive", ["wait", "async"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", SM90_CASES, ids=[c[0] for c in SM90_CASES])
-def test_paged_attention_sm90(case, dtype, arrive, monkeypatch):
+def test_paged_attention_sm90(case, dtype, arrive, loads, monkeypatch):
     """The forced sm90 path against the fp32 reference: NaN in every cache slot no query sees,
-    the output allocated over NaN, q as a fused-QKV row view in odd cases; and the launch counter
-    proves the call ran the wgmma kernel, not the mma.sync one. Both ways the producer announces
-    its loads (DSPINE_SM90_ARRIVE)."""
+    the output allocated over NaN, q as a fused-QKV row view in odd cases; and the launch counters
+    prove the call ran the wgmma kernel, not the mma.sync one, with its whole tiles by TMA where
+    the page size allows boxes and DSPINE_SM90_LOADS does not ask for cp.async. Both ways the
+    producer announces its loads (DSPINE_SM90_ARRIVE)."""
     monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
     monkeypatch.setenv("DSPINE_SM90_ARRIVE", arrive)
+    monkeypatch.setenv("DSPINE_SM90_LOADS", loads)
     index = SM90_CASES.index(case)
     pad = 2 * case[4] * case[5] if index % 2 else 0
     _poison_allocator()
-    before = _sm90_launches()
+    before, tma_before = _sm90_launches(), _sm90_tma_launches()
     got, ref = _run_attention(case, dtype, seed=100 + index, q_row_pad=pad)
     torch.cuda.synchronize()
     assert _sm90_launches() == before + 1, "the call did not take the sm90 path"
+    by_tma = loads == "tma" and _tma_box_rows(case[6]) > 0
+    assert _sm90_tma_launches() == tma_before + by_tma, "TMA loads taken where not meant, or not taken"
     assert rel_err_fp32(got, ref) < TOL[dtype]
 
 
@@ -627,24 +649,30 @@ def test_paged_attention_sm90_matches_mma_path(case, dtype, monkeypatch):
 
 @needs_sm90
 @pytest.mark.parametrize("case", [c for c in SM90_CASES if c[0] in (
-    "prefill_gqa4_hd128_2k", "chunked_prefill_gqa8_hd128", "page_8_run_of_a_page_hd64")], ids=lambda c: c[0])
+    "prefill_gqa4_hd128_2k", "chunked_prefill_gqa8_hd128", "page_8_run_of_a_page_hd64",
+    "page_24_boxes_of_8_two_seqs_hd128")], ids=lambda c: c[0])
 def test_sm90_arrive_modes_agree_bitwise(case, monkeypatch):
-    """The two producer announcers change only when a stage is known to have landed, never the
-    arithmetic: the outputs must be bit-identical, over several launches (a stage read before its
-    copies land would show as a difference in some launch)."""
+    """The two producer announcers and the two ways of loading a whole tile (TMA boxes, cp.async
+    rows) change only how and when a stage lands, never the arithmetic: the outputs must be
+    bit-identical, over several launches (a stage read before its copies land would show as a
+    difference in some launch)."""
     monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
     _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
     dev_args, _ = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, 43, causal=causal)
     outs = {}
-    for arrive in ("wait", "async", "wait", "async"):
+    modes = [(a, l) for a in ("wait", "async") for l in ("tma", "cp.async")]
+    for arrive, loads in modes + modes:
         monkeypatch.setenv("DSPINE_SM90_ARRIVE", arrive)
+        monkeypatch.setenv("DSPINE_SM90_LOADS", loads)
         out = ops.paged_attention(*dev_args, causal, window, 1 / math.sqrt(d))
         torch.cuda.synchronize()
-        assert not torch.isnan(out).any(), arrive
-        if arrive in outs:
-            assert torch.equal(out, outs[arrive]), f"{arrive}: two launches differ"
-        outs[arrive] = out
-    assert torch.equal(outs["wait"], outs["async"])
+        assert not torch.isnan(out).any(), (arrive, loads)
+        if (arrive, loads) in outs:
+            assert torch.equal(out, outs[arrive, loads]), f"{arrive}, {loads}: two launches differ"
+        outs[arrive, loads] = out
+    first = outs[modes[0]]
+    for mode in modes[1:]:
+        assert torch.equal(outs[mode], first), mode
 
 
 @needs_sm90

@@ -81,5 +81,19 @@ inline bool sm90_async_arrivals(int head_dim, const char* forced) {
   return head_dim >= 128;
 }
 
+// Rows of a TMA box for the sm90 producer's whole tiles (attention_sm90.cuh, Sm90LoadMaps), 0
+// for cp.async everywhere. A box must stay on one page and tile the 128-key tile, and the
+// 128-byte swizzle repeats every 8 rows: the largest power of two dividing both the page size and
+// 128, if it is at least 8 (pages of 8, 16, 24, 32, 40, ... 128, 256, ...: the default 16 gives
+// 16-row boxes, 8 per tile and 64-column half). forced: "cp.async" (DSPINE_SM90_LOADS, the tests
+// run both) takes cp.async for every tile, anything else the default. Unmeasured (issue 12: the
+// 31st session measured the cp.async loads at ~200 of the 8K prefill's ~1,100 us).
+inline int sm90_tma_box_rows(int page_size, const char* forced) {
+  if (forced != nullptr && forced[0] == 'c') return 0;  // cp.async
+  int rows = 128;
+  while (rows >= 8 && page_size % rows != 0) rows /= 2;
+  return rows >= 8 ? rows : 0;
+}
+
 }  // namespace gpu
 }  // namespace dspine

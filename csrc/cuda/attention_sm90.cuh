@@ -32,6 +32,8 @@
 // docs/KERNELS.md for the measured rate.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap (the type only: the maps are encoded through the runtime)
+
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -122,6 +124,17 @@ struct Sm90Tile {
   __device__ static int warp_row0() { return (static_cast<int>(threadIdx.x / kWarpSize) - 4) * 16; }
 };
 
+// Tensor maps of the K and V caches for loading whole tiles by TMA (encoded on the host:
+// cuda_attention_sm90.cu). A cache is the 3-D tensor [slots, kv_heads, D] (dims D, kv_heads,
+// slots, innermost first); a box is box_rows slots x 1 head x 64 columns in the 128-byte swizzle
+// the wgmma tiles use, so box b of a tile lands on rows b * box_rows .. of its 64-column half
+// exactly as the cp.async path writes them. box_rows divides both the page size and a tile (a
+// box never crosses a page); 0: every tile by cp.async.
+struct Sm90LoadMaps {
+  CUtensorMap k, v;
+  int box_rows;
+};
+
 #if DSPINE_SM90_DEVICE_CODE
 // Issues C = A B over the k blocks of the operands as one wgmma batch (committed, not waited
 // for). ZERO_INIT overwrites C; REG_A: A is a register fragment (RS), fenced like the accumulators.
@@ -172,6 +185,37 @@ __device__ __forceinline__ void sm90_load_tile(TS& dst, const void* cache, const
   });
 }
 
+// A whole tile (every key visible to the CTA, so no zero-fill) by TMA: producer thread b <
+// kBlockN / box_rows takes box b, box_rows keys on one page: it adds the box's bytes to the
+// stage's `full` barrier and issues one copy per 64 columns, which count down those bytes when
+// they land (the barrier's phase also waits for all 128 producer arrivals, so the order of the
+// threads' byte counts does not matter). The box of an unmapped page (table entry -1: not a
+// valid input, but the cp.async path reads it as zeros) is zero-filled by cp.async instead,
+// which the announcer fences and counts like any other copy.
+template <typename C, class TS>
+__device__ __forceinline__ void sm90_tma_tile(TS& dst, const CUtensorMap* map, const void* cache, int box_rows,
+                                              const PagedAttentionParams& p, const CtaWork& w,
+                                              const int32_t* table, int tile, int stage, uint64_t* full, int tid) {
+  using T = typename C::Elem;
+  const int r = tid * box_rows;  // the box's first row in the tile
+  if (r >= C::kBlockN) return;
+  const int kp = tile * C::kBlockN + r;
+  const int page_idx = w.page_shift >= 0 ? kp >> w.page_shift : kp / p.page_size;
+  const int page = page_idx < p.max_pages ? table[page_idx] : -1;
+  if (page < 0 || page >= p.num_pages) {
+    for (int k = 0; k < box_rows; ++k)
+      for (int ch = 0; ch < C::kChunks; ++ch)
+        copy_key_chunk(&dst(r + k, ch * 8, stage), static_cast<const T*>(cache), -1, std::false_type{});
+    return;
+  }
+  const int slot = page * p.page_size + (kp - page_idx * p.page_size);  // < 2^31: the host checks
+  cutlass::arch::ClusterTransactionBarrier::expect_transaction(full, static_cast<uint32_t>(box_rows * C::kD * sizeof(T)));
+  constexpr uint64_t kCacheHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+#pragma unroll
+  for (int h = 0; h < C::kD / 64; ++h)
+    cute::SM90_TMA_LOAD_3D::copy(map, full, kCacheHint, &dst(r, h * 64, stage), h * 64, w.kvh, slot);
+}
+
 // How the producer announces a load (one cp.async group per thread) on its `full` barrier:
 //   Sm90WaitAnnouncer   each thread waits for its own copies, fences them into the async proxy
 //                       that wgmma reads through and arrives: two loads in flight per thread
@@ -217,7 +261,8 @@ struct Sm90AsyncAnnouncer {
 // grid: (batch * kv_heads, 1, row tiles of 128); block: 384 threads; dynamic smem kSmemBytes.
 // ASYNC_ARRIVE: the producer's announcer (Sm90AsyncAnnouncer, else Sm90WaitAnnouncer).
 template <typename T, int D, bool ASYNC_ARRIVE>
-__global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_sm90_kernel(const PagedAttentionParams p) {
+__global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
+    paged_attention_sm90_kernel(const PagedAttentionParams p, const __grid_constant__ Sm90LoadMaps maps) {
 #if DSPINE_SM90_DEVICE_CODE
   using namespace cute;
   using C = Sm90Tile<T, D>;
@@ -276,8 +321,24 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
     const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
     std::conditional_t<ASYNC_ARRIVE, Sm90AsyncAnnouncer, Sm90WaitAnnouncer> announce;
     announce.issued(q_full);
+    if (maps.box_rows > 0 && tid == 0) {
+      cute::prefetch_tma_descriptor(&maps.k);
+      cute::prefetch_tma_descriptor(&maps.v);
+    }
+    // Tile i of K or V into its stage: by TMA when the whole tile is visible to the CTA, else by
+    // cp.async (a range's first and last tiles zero-fill the keys outside it).
+    auto load = [&](auto& dst, const CUtensorMap* map, const void* cache, const KeyRun<C::kRunKeys>& rows, int i,
+                    uint64_t* full) {
+      const int tile = w.tile_begin + i, stage = i % C::kStages;
+      if (!sm90_loads_tile(i, C::kStages)) return;
+      const int k0 = tile * C::kBlockN;
+      if (maps.box_rows > 0 && k0 >= w.key_lo && k0 + C::kBlockN - 1 <= w.key_hi)
+        sm90_tma_tile<C>(dst, map, cache, maps.box_rows, p, w, table, tile, stage, full, tid);
+      else
+        sm90_load_tile<C>(dst, cache, p, w, table, rows, stage, tid);
+    };
     KeyRun<C::kRunKeys> run = sm90_key_run<C>(p, w, table, w.tile_begin, tid);  // tile i's rows
-    sm90_load_tile<C>(sK, p.k_cache, p, w, table, run, 0, tid);
+    load(sK, &maps.k, p.k_cache, run, 0, &full_k[0]);
     cp_async_commit();
     announce.issued(&full_k[0]);
     for (int i = 0; i < n_tiles; ++i) {
@@ -286,13 +347,13 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
         next = sm90_key_run<C>(p, w, table, w.tile_begin + i + 1, tid);  // read before the wait
         const int stage = (i + 1) % C::kStages;
         Bar::wait(&empty_k[stage], use_parity(i + 1) ^ 1);
-        if (sm90_loads_tile(i + 1, C::kStages)) sm90_load_tile<C>(sK, p.k_cache, p, w, table, next, stage, tid);
+        load(sK, &maps.k, p.k_cache, next, i + 1, &full_k[stage]);
         cp_async_commit();
         announce.issued(&full_k[stage]);
       }
       const int stage = i % C::kStages;
       Bar::wait(&empty_v[stage], use_parity(i) ^ 1);
-      if (sm90_loads_tile(i, C::kStages)) sm90_load_tile<C>(sV, p.v_cache, p, w, table, run, stage, tid);
+      load(sV, &maps.v, p.v_cache, run, i, &full_v[stage]);
       cp_async_commit();
       announce.issued(&full_v[stage]);
       run = next;
@@ -416,13 +477,13 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1) paged_attention_s
 }
 
 template <typename T, int D, bool ASYNC_ARRIVE>
-void launch_attention_sm90_tile(const PagedAttentionParams& p, cudaStream_t stream) {
+void launch_attention_sm90_tile(const PagedAttentionParams& p, const Sm90LoadMaps& maps, cudaStream_t stream) {
   using C = Sm90Tile<T, D>;
   constexpr auto kernel = paged_attention_sm90_kernel<T, D, ASYNC_ARRIVE>;
   const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), 1u, static_cast<unsigned>(row_tiles));
   allow_max_dynamic_smem<kernel>();
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
 }
 
 }  // namespace gpu

@@ -28,12 +28,17 @@ void launch_attention_sm90(const PagedAttentionParams& p, cudaStream_t stream);
 // Launches of the sm_90a kernel since the process started (a debug counter: the GPU tests read
 // it through torch.ops.dspine.attention_sm90_launches to check that the dispatch took the path).
 int64_t attention_sm90_launches();
+
+// Of those, the launches whose whole tiles went by TMA (Sm90LoadMaps encoded): the tests check
+// that both load paths ran.
+int64_t attention_sm90_tma_launches();
 #else
 template <typename T>
 inline bool attention_sm90_runnable() { return false; }
 template <typename T>
 inline void launch_attention_sm90(const PagedAttentionParams&, cudaStream_t) {}
 inline int64_t attention_sm90_launches() { return 0; }
+inline int64_t attention_sm90_tma_launches() { return 0; }
 #endif
 
 }  // namespace gpu

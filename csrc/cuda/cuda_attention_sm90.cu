@@ -4,8 +4,12 @@
 // headers); torch-free, so it compiles standalone for the sm_80 / sm_90a checks.
 #if defined(DSPINE_WITH_SM90)
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include <atomic>
+#include <climits>
 #include <cstdlib>
+#include <type_traits>
 
 #include "attention_sm90.cuh"
 #include "attention_heuristics.h"
@@ -16,9 +20,11 @@ namespace gpu {
 
 namespace {
 std::atomic<int64_t> g_sm90_launches{0};
+std::atomic<int64_t> g_sm90_tma_launches{0};
 }
 
 int64_t attention_sm90_launches() { return g_sm90_launches.load(std::memory_order_relaxed); }
+int64_t attention_sm90_tma_launches() { return g_sm90_tma_launches.load(std::memory_order_relaxed); }
 
 // The image the runtime picks for this device must be the sm_90a one: an sm_80-only build (or a
 // build for another Hopper-less arch list) would run the trapping stub instead. Asked once per
@@ -49,23 +55,75 @@ bool attention_sm90_runnable() {
   return ok;
 }
 
+// The driver's cuTensorMapEncodeTiled, found through the runtime (no link against libcuda, so the
+// library still loads where no driver is installed); null where the driver does not have it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encoder;
+}
+
+// One cache as the [slots, kv_heads, D] tensor of Sm90LoadMaps, boxes of box_rows x 1 x 64.
+template <typename T>
+bool encode_cache_map(CUtensorMap* map, const void* cache, const PagedAttentionParams& p, int box_rows) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t elem = sizeof(T);
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.kv_heads),
+                              static_cast<cuuint64_t>(p.num_pages) * p.page_size};
+  const cuuint64_t strides[2] = {p.head_dim * elem, static_cast<cuuint64_t>(p.kv_heads) * p.head_dim * elem};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return encode(map, type, 3, const_cast<void*>(cache), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The maps for this call, or box_rows = 0 (cp.async for every tile) when the page size does not
+// allow boxes, DSPINE_SM90_LOADS=cp.async asks for that (read at every launch, so the tests run
+// both in one process), a slot index would not fit the copies' 32-bit coordinates, or the
+// driver refuses a map (e.g. a cache not 16-byte aligned).
+template <typename T>
+Sm90LoadMaps sm90_load_maps(const PagedAttentionParams& p) {
+  Sm90LoadMaps maps{};
+  const int box_rows = sm90_tma_box_rows(p.page_size, std::getenv("DSPINE_SM90_LOADS"));
+  const bool fits = static_cast<int64_t>(p.num_pages) * p.page_size <= INT32_MAX;
+  if (box_rows > 0 && fits && encode_cache_map<T>(&maps.k, p.k_cache, p, box_rows) &&
+      encode_cache_map<T>(&maps.v, p.v_cache, p, box_rows))
+    maps.box_rows = box_rows;
+  return maps;
+}
+
 template <typename T, bool ASYNC_ARRIVE>
-void launch_attention_sm90_head_dim(const PagedAttentionParams& p, cudaStream_t stream) {
+void launch_attention_sm90_head_dim(const PagedAttentionParams& p, const Sm90LoadMaps& maps, cudaStream_t stream) {
   if (p.head_dim == 64)
-    launch_attention_sm90_tile<T, 64, ASYNC_ARRIVE>(p, stream);
+    launch_attention_sm90_tile<T, 64, ASYNC_ARRIVE>(p, maps, stream);
   else
-    launch_attention_sm90_tile<T, 128, ASYNC_ARRIVE>(p, stream);
+    launch_attention_sm90_tile<T, 128, ASYNC_ARRIVE>(p, maps, stream);
 }
 
 template <typename T>
 void launch_attention_sm90(const PagedAttentionParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.batch == 0 || p.max_q_len <= 0) return;
   g_sm90_launches.fetch_add(1, std::memory_order_relaxed);
+  const Sm90LoadMaps maps = sm90_load_maps<T>(p);
+  if (maps.box_rows > 0) g_sm90_tma_launches.fetch_add(1, std::memory_order_relaxed);
   // DSPINE_SM90_ARRIVE (async / wait) read at every launch, so tests run both in one process.
   if (sm90_async_arrivals(p.head_dim, std::getenv("DSPINE_SM90_ARRIVE")))
-    launch_attention_sm90_head_dim<T, true>(p, stream);
+    launch_attention_sm90_head_dim<T, true>(p, maps, stream);
   else
-    launch_attention_sm90_head_dim<T, false>(p, stream);
+    launch_attention_sm90_head_dim<T, false>(p, maps, stream);
 }
 
 template bool attention_sm90_runnable<__nv_bfloat16>();
