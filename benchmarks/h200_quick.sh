@@ -154,7 +154,7 @@ for b in ${BENCH:-}; do case $b in
     # ptxas put each wgmma wait against the softmax's exp2 runs
     so=$(ls dspine_engine/_C*.so | head -1)
     f="$O/sass_sm90_hd128.txt"
-    cuobjdump -sass -fun "_ZN6dspine3gpu27paged_attention_sm90_kernelI13__nv_bfloat16Li128ELb1EEEvNS0_20PagedAttentionParamsE" \
+    cuobjdump -sass -fun "_ZN6dspine3gpu27paged_attention_sm90_kernelI13__nv_bfloat16Li128ELb1EEEvNS0_20PagedAttentionParamsENS0_12Sm90LoadMapsE" \
       "$so" > "$f" 2>&1
     python3 benchmarks/sass_landmarks.py "$f" > "$O/sass_sm90_landmarks.txt" 2>&1
     say "sass-sm90 rc $?: $(wc -l < "$O/sass_sm90_landmarks.txt") landmark runs"
