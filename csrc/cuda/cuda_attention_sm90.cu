@@ -55,6 +55,8 @@ bool attention_sm90_runnable() {
   return ok;
 }
 
+namespace {
+
 // The driver's cuTensorMapEncodeTiled, found through the runtime (no link against libcuda, so the
 // library still loads where no driver is installed); null where the driver does not have it.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -104,6 +106,8 @@ Sm90LoadMaps sm90_load_maps(const PagedAttentionParams& p) {
     maps.box_rows = box_rows;
   return maps;
 }
+
+}  // namespace
 
 template <typename T, bool ASYNC_ARRIVE>
 void launch_attention_sm90_head_dim(const PagedAttentionParams& p, const Sm90LoadMaps& maps, cudaStream_t stream) {
