@@ -553,6 +553,10 @@ def _sm90_tma_launches():
     return torch.ops.dspine.attention_sm90_tma_launches()
 
 
+def _sm90_pair_launches():
+    return torch.ops.dspine.attention_sm90_pair_launches()
+
+
 def _tma_box_rows(page_size):
     """attention_heuristics.h:sm90_tma_box_rows: the largest power of two <= 128 dividing the page
     size, if it is at least 8 (else every tile goes by cp.async)."""
@@ -673,6 +677,38 @@ def test_sm90_arrive_modes_agree_bitwise(case, monkeypatch):
     first = outs[modes[0]]
     for mode in modes[1:]:
         assert torch.equal(outs[mode], first), mode
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", [c for c in SM90_CASES if c[0] in (
+    "prefill_gqa4_hd128_2k", "chunked_prefill_gqa8_hd128", "varlen_gqa3_hd64", "odd_page_40_gqa5_hd128",
+    "page_256_boxes_inside_a_page_hd128", "with_empty_sequence")], ids=lambda c: c[0])
+def test_sm90_cta_pairs_match_single_ctas_bitwise(case, monkeypatch):
+    """DSPINE_SM90_CLUSTER=2: clusters of two CTAs on neighbouring row tiles, each whole tile
+    loaded once and multicast into both where their ranges agree, single CTAs where not (the
+    cases mix both: GQA 4 and 8 pair up, GQA 3 and 5 and the chunks at odd offsets mostly not).
+    Only where the bytes come from changes, so the outputs equal the single-CTA launch's bit for
+    bit under both announcers and over repeated launches (a stage released before both CTAs were
+    done with it would show), and match the reference."""
+    monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
+    monkeypatch.setenv("DSPINE_SM90_LOADS", "tma")
+    _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
+    dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, 47, causal=causal)
+    scale = 1 / math.sqrt(d)
+    for arrive in ("wait", "async"):
+        monkeypatch.setenv("DSPINE_SM90_ARRIVE", arrive)
+        monkeypatch.setenv("DSPINE_SM90_CLUSTER", "1")
+        single = ops.paged_attention(*dev_args, causal, window, scale)
+        monkeypatch.setenv("DSPINE_SM90_CLUSTER", "2")
+        for _ in range(3):
+            before = _sm90_pair_launches()
+            paired = ops.paged_attention(*dev_args, causal, window, scale)
+            torch.cuda.synchronize()
+            assert _sm90_pair_launches() == before + 1, "the call was not launched as CTA pairs"
+            assert torch.equal(paired, single), arrive
+    q, kc, vc, *meta = ref_args
+    ref = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, causal, window, scale)
+    assert rel_err_fp32(paired, ref) < TOL[torch.bfloat16]
 
 
 @needs_sm90

@@ -95,5 +95,13 @@ inline int sm90_tma_box_rows(int page_size, const char* forced) {
   return rows >= 8 ? rows : 0;
 }
 
+// Whether the sm90 kernel runs as clusters of two CTAs that share their whole tiles by TMA
+// multicast (Sm90Pair in attention_sm90.cuh: each tile read from L2 once for two row tiles).
+// Only with TMA boxes (box_rows > 0), and only asked for: DSPINE_SM90_CLUSTER=2. Off by default
+// until measured (issue 12, 31st session: written, not yet run on a GPU).
+inline bool sm90_cta_pairs(int box_rows, const char* forced) {
+  return box_rows > 0 && forced != nullptr && forced[0] == '2' && forced[1] == '\0';
+}
+
 }  // namespace gpu
 }  // namespace dspine

@@ -185,17 +185,48 @@ __device__ __forceinline__ void sm90_load_tile(TS& dst, const void* cache, const
   });
 }
 
+// A CTA pair of a cluster (launched with DSPINE_SM90_CLUSTER=2: z indices 2j and 2j + 1, the
+// neighbouring row tiles of one (sequence, KV head)) shares its tiles when both CTAs have the
+// same tile range: each tile whole for both (keys [lo, hi], visible to both) is loaded once, its
+// boxes split between the two producers and multicast into both CTAs. Every stage is then
+// released by both CTAs' consumers (empty barriers count 512 arrivals, half of them remote), and
+// both CTAs wait for each other at the start (barriers initialised) and at the end (no remote
+// arrival or copy may reach a CTA that has exited). Pairs with different ranges (a range that
+// straddles a key tile between them, the grid's padding CTA, chunked prefills at odd offsets)
+// run as two single CTAs.
+struct Sm90Pair {
+  bool on;
+  uint32_t rank, peer;  // ranks in the cluster
+  int lo, hi;           // keys visible to both CTAs
+};
+
+template <typename C>
+__device__ __forceinline__ Sm90Pair sm90_pair(const PagedAttentionParams& p, const CtaWork& w, const Sm90LoadMaps& maps) {
+  Sm90Pair pair{false, 0u, 0u, w.key_lo, w.key_hi};
+  if (maps.box_rows == 0 || cute::cluster_shape().z != 2) return pair;
+  const CtaWork peer = cta_work<C>(p, blockIdx.z ^ 1u);
+  pair.on = w.rows_here > 0 && peer.rows_here > 0 && w.tile_end > w.tile_begin &&
+            w.tile_begin == peer.tile_begin && w.tile_end == peer.tile_end;
+  pair.rank = cute::block_rank_in_cluster();
+  pair.peer = pair.rank ^ 1u;
+  pair.lo = max(w.key_lo, peer.key_lo);
+  pair.hi = min(w.key_hi, peer.key_hi);
+  return pair;
+}
+
 // A whole tile (every key visible to the CTA, so no zero-fill) by TMA: producer thread b <
 // kBlockN / box_rows takes box b, box_rows keys on one page: it adds the box's bytes to the
 // stage's `full` barrier and issues one copy per 64 columns, which count down those bytes when
 // they land (the barrier's phase also waits for all 128 producer arrivals, so the order of the
-// threads' byte counts does not matter). The box of an unmapped page (table entry -1: not a
+// threads' byte counts does not matter). In a sharing pair (Sm90Pair) the CTA of rank b % 2
+// issues box b into both CTAs, and both count its bytes. The box of an unmapped page (table entry -1: not a
 // valid input, but the cp.async path reads it as zeros) is zero-filled by cp.async instead,
 // which the announcer fences and counts like any other copy.
 template <typename C, class TS>
 __device__ __forceinline__ void sm90_tma_tile(TS& dst, const CUtensorMap* map, const void* cache, int box_rows,
                                               const PagedAttentionParams& p, const CtaWork& w,
-                                              const int32_t* table, int tile, int stage, uint64_t* full, int tid) {
+                                              const int32_t* table, int tile, int stage, uint64_t* full, int tid,
+                                              const Sm90Pair& pair) {
   using T = typename C::Elem;
   const int r = tid * box_rows;  // the box's first row in the tile
   if (r >= C::kBlockN) return;
@@ -211,9 +242,16 @@ __device__ __forceinline__ void sm90_tma_tile(TS& dst, const CUtensorMap* map, c
   const int slot = page * p.page_size + (kp - page_idx * p.page_size);  // < 2^31: the host checks
   cutlass::arch::ClusterTransactionBarrier::expect_transaction(full, static_cast<uint32_t>(box_rows * C::kD * sizeof(T)));
   constexpr uint64_t kCacheHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+  if (!pair.on) {
 #pragma unroll
-  for (int h = 0; h < C::kD / 64; ++h)
-    cute::SM90_TMA_LOAD_3D::copy(map, full, kCacheHint, &dst(r, h * 64, stage), h * 64, w.kvh, slot);
+    for (int h = 0; h < C::kD / 64; ++h)
+      cute::SM90_TMA_LOAD_3D::copy(map, full, kCacheHint, &dst(r, h * 64, stage), h * 64, w.kvh, slot);
+  } else if (static_cast<uint32_t>(tid % 2) == pair.rank) {  // this CTA's half of the boxes, into both
+#pragma unroll
+    for (int h = 0; h < C::kD / 64; ++h)
+      cute::SM90_TMA_LOAD_MULTICAST_3D::copy(map, full, uint16_t{0b11}, kCacheHint, &dst(r, h * 64, stage), h * 64,
+                                             w.kvh, slot);
+  }
 }
 
 // How the producer announces a load (one cp.async group per thread) on its `full` barrier:
@@ -287,7 +325,8 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
   Tensor sVt = make_tensor(make_smem_ptr(v_ptr), typename C::SmemLayoutVt{});
 
   const CtaWork w = cta_work<C>(p);
-  if (w.rows_here <= 0) return;  // uniform over the CTA
+  const Sm90Pair pair = sm90_pair<C>(p, w, maps);  // the same answer in both CTAs of a cluster
+  if (w.rows_here <= 0) return;  // uniform over the CTA (never in a sharing pair)
   const int n_tiles = w.tile_end - w.tile_begin;
 
   if (threadIdx.x == 0) {
@@ -295,12 +334,20 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     for (int s = 0; s < C::kStages; ++s) {
       Bar::init(&full_k[s], 128);
       Bar::init(&full_v[s], 128);
-      Bar::init(&empty_k[s], 256);
-      Bar::init(&empty_v[s], 256);
+      Bar::init(&empty_k[s], pair.on ? 512 : 256);
+      Bar::init(&empty_v[s], pair.on ? 512 : 256);
     }
     cutlass::arch::fence_barrier_init();
   }
-  __syncthreads();
+  if (pair.on)
+    cute::cluster_sync();  // both CTAs' barriers exist before any remote arrival or copy
+  else
+    __syncthreads();
+  // A stage back to the producer(s): this CTA's, and the peer's when the pair shares its tiles.
+  auto release = [&](uint64_t* empty) {
+    Bar::arrive(empty);
+    if (pair.on) Bar::arrive(empty, pair.peer, 1u);
+  };
 
   // Parity a stage's barrier shows once its u-th use (u = tile / kStages) may start: a fresh
   // `empty` barrier passes parity 1 at once.
@@ -325,15 +372,16 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
       cute::prefetch_tma_descriptor(&maps.k);
       cute::prefetch_tma_descriptor(&maps.v);
     }
-    // Tile i of K or V into its stage: by TMA when the whole tile is visible to the CTA, else by
-    // cp.async (a range's first and last tiles zero-fill the keys outside it).
+    // Tile i of K or V into its stage: by TMA when the whole tile is visible to the CTA (to both
+    // CTAs of a sharing pair), else by cp.async (a range's first and last tiles zero-fill the
+    // keys outside it).
     auto load = [&](auto& dst, const CUtensorMap* map, const void* cache, const KeyRun<C::kRunKeys>& rows, int i,
                     uint64_t* full) {
       const int tile = w.tile_begin + i, stage = i % C::kStages;
       if (!sm90_loads_tile(i, C::kStages)) return;
       const int k0 = tile * C::kBlockN;
-      if (maps.box_rows > 0 && k0 >= w.key_lo && k0 + C::kBlockN - 1 <= w.key_hi)
-        sm90_tma_tile<C>(dst, map, cache, maps.box_rows, p, w, table, tile, stage, full, tid);
+      if (maps.box_rows > 0 && k0 >= pair.lo && k0 + C::kBlockN - 1 <= pair.hi)
+        sm90_tma_tile<C>(dst, map, cache, maps.box_rows, p, w, table, tile, stage, full, tid, pair);
       else
         sm90_load_tile<C>(dst, cache, p, w, table, rows, stage, tid);
     };
@@ -412,7 +460,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     auto retire_pv = [&](int stage) {
       wgmma_wait<0>(tOrO);
       warpgroup_fence_operand(tOrP);
-      Bar::arrive(&empty_v[stage]);
+      release(&empty_v[stage]);
     };
     auto o_of_regs = [&](float (&o)[D / 8][4]) {
 #pragma unroll
@@ -431,7 +479,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     Bar::wait(&full_k[0], 0);
     wgmma_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, 0), tSrS);
     wgmma_wait<0>(tSrS);
-    Bar::arrive(&empty_k[0]);
+    release(&empty_k[0]);
     softmax_tile(0);  // corr is 1 or 0 against an O that is still zero: nothing to rescale
     clear(tOrO);
     p_from_s();
@@ -457,7 +505,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
       wgmma_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, prev), tOrO);
       cutlass::arch::NamedBarrier::arrive(256, 2 - me);
       wgmma_wait<1>(tSrS);  // Q K_i^T retired; P V_{i-1} may still run
-      Bar::arrive(&empty_k[stage]);
+      release(&empty_k[stage]);
       softmax_tile(i);
       retire_pv(prev);
       p_from_s();
@@ -471,19 +519,41 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     o_of_regs(o);
     store_rows<C>(p, w, o, rs.m_run, rs.l_run);
   }
+  if (pair.on) cute::cluster_sync();  // the peer may still arrive on this CTA's barriers
 #else
   __trap();  // no sm_90a image in this pass; attention_sm90_runnable() keeps launches away
 #endif
 }
 
+// pairs: launch as clusters of two CTAs along z (Sm90Pair), the row tiles padded to an even
+// count so that z indices 2j and 2j + 1 hold row tiles 2k + 1 and 2k (the same key tiles when
+// a key tile spans an even number of row tiles, as at GQA groups of 2 and more).
 template <typename T, int D, bool ASYNC_ARRIVE>
-void launch_attention_sm90_tile(const PagedAttentionParams& p, const Sm90LoadMaps& maps, cudaStream_t stream) {
+void launch_attention_sm90_tile(const PagedAttentionParams& p, const Sm90LoadMaps& maps, bool pairs,
+                                cudaStream_t stream) {
   using C = Sm90Tile<T, D>;
   constexpr auto kernel = paged_attention_sm90_kernel<T, D, ASYNC_ARRIVE>;
-  const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
+  int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
+  if (pairs) row_tiles += row_tiles % 2;
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), 1u, static_cast<unsigned>(row_tiles));
   allow_max_dynamic_smem<kernel>();
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
+  if (!pairs) {
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
+    return;
+  }
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 2;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(C::kThreads);
+  config.dynamicSmemBytes = C::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, p, maps);
 }
 
 }  // namespace gpu

@@ -21,10 +21,12 @@ namespace gpu {
 namespace {
 std::atomic<int64_t> g_sm90_launches{0};
 std::atomic<int64_t> g_sm90_tma_launches{0};
+std::atomic<int64_t> g_sm90_pair_launches{0};
 }
 
 int64_t attention_sm90_launches() { return g_sm90_launches.load(std::memory_order_relaxed); }
 int64_t attention_sm90_tma_launches() { return g_sm90_tma_launches.load(std::memory_order_relaxed); }
+int64_t attention_sm90_pair_launches() { return g_sm90_pair_launches.load(std::memory_order_relaxed); }
 
 // The image the runtime picks for this device must be the sm_90a one: an sm_80-only build (or a
 // build for another Hopper-less arch list) would run the trapping stub instead. Asked once per
@@ -110,11 +112,12 @@ Sm90LoadMaps sm90_load_maps(const PagedAttentionParams& p) {
 }  // namespace
 
 template <typename T, bool ASYNC_ARRIVE>
-void launch_attention_sm90_head_dim(const PagedAttentionParams& p, const Sm90LoadMaps& maps, cudaStream_t stream) {
+void launch_attention_sm90_head_dim(const PagedAttentionParams& p, const Sm90LoadMaps& maps, bool pairs,
+                                    cudaStream_t stream) {
   if (p.head_dim == 64)
-    launch_attention_sm90_tile<T, 64, ASYNC_ARRIVE>(p, maps, stream);
+    launch_attention_sm90_tile<T, 64, ASYNC_ARRIVE>(p, maps, pairs, stream);
   else
-    launch_attention_sm90_tile<T, 128, ASYNC_ARRIVE>(p, maps, stream);
+    launch_attention_sm90_tile<T, 128, ASYNC_ARRIVE>(p, maps, pairs, stream);
 }
 
 template <typename T>
@@ -123,11 +126,14 @@ void launch_attention_sm90(const PagedAttentionParams& p, cudaStream_t stream) {
   g_sm90_launches.fetch_add(1, std::memory_order_relaxed);
   const Sm90LoadMaps maps = sm90_load_maps<T>(p);
   if (maps.box_rows > 0) g_sm90_tma_launches.fetch_add(1, std::memory_order_relaxed);
-  // DSPINE_SM90_ARRIVE (async / wait) read at every launch, so tests run both in one process.
+  // DSPINE_SM90_ARRIVE (async / wait) and DSPINE_SM90_CLUSTER read at every launch, so tests run
+  // every mode in one process.
+  const bool pairs = sm90_cta_pairs(maps.box_rows, std::getenv("DSPINE_SM90_CLUSTER"));
+  if (pairs) g_sm90_pair_launches.fetch_add(1, std::memory_order_relaxed);
   if (sm90_async_arrivals(p.head_dim, std::getenv("DSPINE_SM90_ARRIVE")))
-    launch_attention_sm90_head_dim<T, true>(p, maps, stream);
+    launch_attention_sm90_head_dim<T, true>(p, maps, pairs, stream);
   else
-    launch_attention_sm90_head_dim<T, false>(p, maps, stream);
+    launch_attention_sm90_head_dim<T, false>(p, maps, pairs, stream);
 }
 
 template bool attention_sm90_runnable<__nv_bfloat16>();
