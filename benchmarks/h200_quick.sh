@@ -21,6 +21,7 @@
 #   prefill-cuts where the prefill's time goes: the sm90 kernel rebuilt without its K/V loads (1),
 #                without its softmax (2), without both (3), Qwen3-8B heads at 8K; wrong outputs,
 #                timing only (csrc/cuda/attention_sm90_cuts.h); the normal build is restored after
+#   prefill-pairs  the same with DSPINE_SM90_CLUSTER=2 (clusters of two CTAs sharing whole tiles)
 #   prefill-async  the same with DSPINE_SM90_ARRIVE=async (the producer's arrivals handed to the
 #                copy unit: attention_sm90.cuh, Sm90AsyncAnnouncer)
 #   attention    decode and verify blocks on Qwen3-8B heads at 8K, batch 1 / 8 / 32
@@ -116,6 +117,8 @@ for b in ${BENCH:-}; do case $b in
     done
     sed -i "s/^#define DSPINE_SM90_CUTS .*/#define DSPINE_SM90_CUTS 0/" $h
     build "$O/build_cut0.log"; say "prefill-cuts: cuts back to 0, rebuilt (rc $?)" ;;
+  prefill-pairs) (export DSPINE_SM90_CLUSTER=2  # CTA pairs sharing their tiles by multicast (attention_sm90.cuh, Sm90Pair)
+    bench prefill_pairs --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare) ;;
   prefill-async) (export DSPINE_SM90_ARRIVE=async
     bench prefill_async --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare) ;;
   ncu) profile sm90_prefill paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
@@ -167,7 +170,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense, sass-sm90)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pairs, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)
