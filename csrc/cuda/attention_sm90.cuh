@@ -231,6 +231,8 @@ __device__ __forceinline__ void sm90_tma_tile(TS& dst, const CUtensorMap* map, c
   const int r = tid * box_rows;  // the box's first row in the tile
   if (r >= C::kBlockN) return;
   const int kp = tile * C::kBlockN + r;
+  // kv_offset's page lookup, kept apart: a slot helper shared with it cost the mma.sync kernel a
+  // 64-bit select per key and this kernel's producer 4 bytes of spills (31st session, ptxas -v).
   const int page_idx = w.page_shift >= 0 ? kp >> w.page_shift : kp / p.page_size;
   const int page = page_idx < p.max_pages ? table[page_idx] : -1;
   if (page < 0 || page >= p.num_pages) {
