@@ -7,7 +7,7 @@
    SmolLM2 attention shapes, every mode (decode, verify 16 causal, draft 16 bidirectional, causal
    prefill), contexts 1K-32K, window 8192 or none, batch 1/8/32. SDPA and Flex get contiguous
    (non-paged) K/V holding exactly the keys the queries can see: their natural input. Ours reads
-   a paged cache (page size 16, shuffled pages).
+   a paged cache (page size 16 unless --page-size says otherwise, shuffled pages).
 3. The fused injection (5 layers, d=4096, block 16), alone and with its bf16 projections.
 4. The transition walk and block verify at batch 32, V=151936, block 16 (every variant), and
    greedy at batch 1, V=49152 (the default model's c=1 round). --sampling-only: 3 and 4 alone.
@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import git_commit  # noqa: E402
 
 BF16 = torch.bfloat16
-PAGE = 16
+PAGE = 16  # the engine's default page size; --page-size changes it for one run
 # name: (q_heads, kv_heads, head_dim)
 SHAPES = {"Qwen3-8B": (32, 8, 128), "Qwen3.8-27B": (24, 4, 256), "SmolLM2": (9, 3, 64)}
 # mode: (queries per sequence (None: the whole context), causal)
@@ -503,6 +503,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
+    global PAGE
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a ~1 minute subset")
     parser.add_argument("--max-minutes", type=float, default=None,
@@ -526,7 +527,11 @@ def main(argv=None) -> int:
     parser.add_argument("--exact", action="store_true",
                         help="also time ours in the row-exact mode per row, both forms "
                              "(DSPINE_ATTN_EXACT=1 row tiles, =2 key split)")
+    parser.add_argument("--page-size", type=int, default=PAGE,
+                        help="tokens per KV page of our kernels' paged cache (the engine's default: 16); "
+                             "the sm90 kernel's TMA boxes are as tall as the page allows, up to 128")
     args = parser.parse_args(argv)
+    PAGE = args.page_size
     set_sm90(SM90_ENV["auto" if args.sm90 == "compare" else args.sm90])
     if not torch.cuda.is_available():
         print("benchmarks/kernel_bench.py needs a CUDA device", file=sys.stderr)
@@ -535,7 +540,7 @@ def main(argv=None) -> int:
     timer = Timer(iters=10 if args.quick else 20)
     device = torch.cuda.get_device_name()
     result = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "sm90": args.sm90,
+              "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "sm90": args.sm90, "page_size": PAGE,
               "command": " ".join(["python benchmarks/kernel_bench.py"] + (argv if argv is not None else sys.argv[1:]))}
     result["ceilings"] = measure_ceilings(timer)
     result["attention"] = []
