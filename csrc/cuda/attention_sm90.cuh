@@ -222,26 +222,37 @@ __device__ __forceinline__ Sm90Pair sm90_pair(const PagedAttentionParams& p, con
 // issues box b into both CTAs, and both count its bytes. The box of an unmapped page (table entry -1: not a
 // valid input, but the cp.async path reads it as zeros) is zero-filled by cp.async instead,
 // which the announcer fences and counts like any other copy.
-template <typename C, class TS>
-__device__ __forceinline__ void sm90_tma_tile(TS& dst, const CUtensorMap* map, const void* cache, int box_rows,
-                                              const PagedAttentionParams& p, const CtaWork& w,
-                                              const int32_t* table, int tile, int stage, uint64_t* full, int tid,
-                                              const Sm90Pair& pair) {
-  using T = typename C::Elem;
+//
+// The box's first cache slot comes from sm90_box_slot, read before the producer waits for the
+// stage (as the cp.async path's KeyRun is), so no table read sits between a free stage and its
+// copies; K and V of a tile share it.
+template <typename C>
+__device__ __forceinline__ int sm90_box_slot(const PagedAttentionParams& p, const CtaWork& w, const int32_t* table,
+                                             int box_rows, int tile, int tid) {
   const int r = tid * box_rows;  // the box's first row in the tile
-  if (r >= C::kBlockN) return;
+  if (box_rows == 0 || r >= C::kBlockN) return -1;
   const int kp = tile * C::kBlockN + r;
   // kv_offset's page lookup, kept apart: a slot helper shared with it cost the mma.sync kernel a
   // 64-bit select per key and this kernel's producer 4 bytes of spills (31st session, ptxas -v).
   const int page_idx = w.page_shift >= 0 ? kp >> w.page_shift : kp / p.page_size;
   const int page = page_idx < p.max_pages ? table[page_idx] : -1;
-  if (page < 0 || page >= p.num_pages) {
+  if (page < 0 || page >= p.num_pages) return -1;
+  return page * p.page_size + (kp - page_idx * p.page_size);  // < 2^31: the host checks
+}
+
+template <typename C, class TS>
+__device__ __forceinline__ void sm90_tma_tile(TS& dst, const CUtensorMap* map, const void* cache, int box_rows,
+                                              const CtaWork& w, int slot, int stage, uint64_t* full, int tid,
+                                              const Sm90Pair& pair) {
+  using T = typename C::Elem;
+  const int r = tid * box_rows;  // the box's first row in the tile
+  if (r >= C::kBlockN) return;
+  if (slot < 0) {
     for (int k = 0; k < box_rows; ++k)
       for (int ch = 0; ch < C::kChunks; ++ch)
         copy_key_chunk(&dst(r + k, ch * 8, stage), static_cast<const T*>(cache), -1, std::false_type{});
     return;
   }
-  const int slot = page * p.page_size + (kp - page_idx * p.page_size);  // < 2^31: the host checks
   cutlass::arch::ClusterTransactionBarrier::expect_transaction(full, static_cast<uint32_t>(box_rows * C::kD * sizeof(T)));
   constexpr uint64_t kCacheHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
   if (!pair.on) {
@@ -377,36 +388,41 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     // Tile i of K or V into its stage: by TMA when the whole tile is visible to the CTA (to both
     // CTAs of a sharing pair), else by cp.async (a range's first and last tiles zero-fill the
     // keys outside it).
-    auto load = [&](auto& dst, const CUtensorMap* map, const void* cache, const KeyRun<C::kRunKeys>& rows, int i,
-                    uint64_t* full) {
+    auto load = [&](auto& dst, const CUtensorMap* map, const void* cache, const KeyRun<C::kRunKeys>& rows,
+                    int box_slot, int i, uint64_t* full) {
       const int tile = w.tile_begin + i, stage = i % C::kStages;
       if (!sm90_loads_tile(i, C::kStages)) return;
       const int k0 = tile * C::kBlockN;
       if (maps.box_rows > 0 && k0 >= pair.lo && k0 + C::kBlockN - 1 <= pair.hi)
-        sm90_tma_tile<C>(dst, map, cache, maps.box_rows, p, w, table, tile, stage, full, tid, pair);
+        sm90_tma_tile<C>(dst, map, cache, maps.box_rows, w, box_slot, stage, full, tid, pair);
       else
         sm90_load_tile<C>(dst, cache, p, w, table, rows, stage, tid);
     };
-    KeyRun<C::kRunKeys> run = sm90_key_run<C>(p, w, table, w.tile_begin, tid);  // tile i's rows
-    load(sK, &maps.k, p.k_cache, run, 0, &full_k[0]);
+    // Tile i's sources (rows for cp.async, the box's slot for TMA), each read before its waits.
+    KeyRun<C::kRunKeys> run = sm90_key_run<C>(p, w, table, w.tile_begin, tid);
+    int slot = sm90_box_slot<C>(p, w, table, maps.box_rows, w.tile_begin, tid);
+    load(sK, &maps.k, p.k_cache, run, slot, 0, &full_k[0]);
     cp_async_commit();
     announce.issued(&full_k[0]);
     for (int i = 0; i < n_tiles; ++i) {
       KeyRun<C::kRunKeys> next = run;
+      int next_slot = slot;
       if (i + 1 < n_tiles) {
-        next = sm90_key_run<C>(p, w, table, w.tile_begin + i + 1, tid);  // read before the wait
+        next = sm90_key_run<C>(p, w, table, w.tile_begin + i + 1, tid);
+        next_slot = sm90_box_slot<C>(p, w, table, maps.box_rows, w.tile_begin + i + 1, tid);
         const int stage = (i + 1) % C::kStages;
         Bar::wait(&empty_k[stage], use_parity(i + 1) ^ 1);
-        load(sK, &maps.k, p.k_cache, next, i + 1, &full_k[stage]);
+        load(sK, &maps.k, p.k_cache, next, next_slot, i + 1, &full_k[stage]);
         cp_async_commit();
         announce.issued(&full_k[stage]);
       }
       const int stage = i % C::kStages;
       Bar::wait(&empty_v[stage], use_parity(i) ^ 1);
-      load(sV, &maps.v, p.v_cache, run, i, &full_v[stage]);
+      load(sV, &maps.v, p.v_cache, run, slot, i, &full_v[stage]);
       cp_async_commit();
       announce.issued(&full_v[stage]);
       run = next;
+      slot = next_slot;
     }
     announce.finish();
   } else {
