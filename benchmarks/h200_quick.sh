@@ -21,10 +21,9 @@
 #   prefill-cuts where the prefill's time goes: the sm90 kernel rebuilt without its K/V loads (1),
 #                without its softmax (2), without both (3), Qwen3-8B heads at 8K; wrong outputs,
 #                timing only (csrc/cuda/attention_sm90_cuts.h); the normal build is restored after
-#   prefill-pairs  the same with DSPINE_SM90_CLUSTER=2 (clusters of two CTAs sharing whole tiles)
-#   prefill-pages  Qwen3-8B heads at 4K and 8K, sm90 kernel only, pages of PAGES (16 64 128) tokens,
-#                each with the K/V loads by cp.async, by TMA boxes (as tall as the page, up to 128
-#                rows) and by TMA in CTA pairs: whether the boxes' height is what the TMA path costs
+#   prefill-pages  Qwen3-8B heads at 4K and 8K, sm90 kernel only, pages of PAGES (16) tokens,
+#                shuffled and in order (as the engine's pool hands out a prompt's), each with every
+#                tile by cp.async and with the tiles on consecutive pages by TMA
 #   prefill-async  the same with DSPINE_SM90_ARRIVE=async (the producer's arrivals handed to the
 #                copy unit: attention_sm90.cuh, Sm90AsyncAnnouncer)
 #   attention    decode and verify blocks on Qwen3-8B heads at 8K, batch 1 / 8 / 32
@@ -120,13 +119,13 @@ for b in ${BENCH:-}; do case $b in
     done
     sed -i "s/^#define DSPINE_SM90_CUTS .*/#define DSPINE_SM90_CUTS 0/" $h
     build "$O/build_cut0.log"; say "prefill-cuts: cuts back to 0, rebuilt (rc $?)" ;;
-  prefill-pairs) (export DSPINE_SM90_CLUSTER=2  # CTA pairs sharing their tiles by multicast (attention_sm90.cuh, Sm90Pair)
-    bench prefill_pairs --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare) ;;
-  prefill-pages) for page in ${PAGES:-16 64 128}; do
-      for loads in cp.async tma pairs; do
-        (export DSPINE_SM90_LOADS=$loads; [ $loads = pairs ] && export DSPINE_SM90_LOADS=tma DSPINE_SM90_CLUSTER=2
-         BENCH_COLS=2-4,7-8,11-12 bench prefill_page${page}_$loads --modes prefill --shapes Qwen3-8B \
-           --ctxs 4096 8192 --sm90 on --page-size $page)
+  prefill-pages) for page in ${PAGES:-16}; do
+      for order in shuffled in-order; do
+        for loads in cp.async tma; do
+          (export DSPINE_SM90_LOADS=$loads
+           BENCH_COLS=2-4,7-8,11-12 bench prefill_page${page}_${order}_$loads --modes prefill --shapes Qwen3-8B \
+             SmolLM2 --ctxs 4096 8192 --sm90 on --page-size $page --page-order $order)
+        done
       done
     done ;;
   prefill-async) (export DSPINE_SM90_ARRIVE=async
@@ -180,7 +179,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pairs, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense, sass-sm90)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)

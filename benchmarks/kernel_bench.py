@@ -7,7 +7,8 @@
    SmolLM2 attention shapes, every mode (decode, verify 16 causal, draft 16 bidirectional, causal
    prefill), contexts 1K-32K, window 8192 or none, batch 1/8/32. SDPA and Flex get contiguous
    (non-paged) K/V holding exactly the keys the queries can see: their natural input. Ours reads
-   a paged cache (page size 16 unless --page-size says otherwise, shuffled pages).
+   a paged cache (page size 16 unless --page-size says otherwise; pages shuffled, or in order with
+   --page-order in-order, as a fresh prompt's pages come from the engine's pool).
 3. The fused injection (5 layers, d=4096, block 16), alone and with its bf16 projections.
 4. The transition walk and block verify at batch 32, V=151936, block 16 (every variant), and
    greedy at batch 1, V=49152 (the default model's c=1 round). --sampling-only: 3 and 4 alone.
@@ -47,6 +48,7 @@ from common import git_commit  # noqa: E402
 
 BF16 = torch.bfloat16
 PAGE = 16  # the engine's default page size; --page-size changes it for one run
+PAGES_IN_ORDER = False  # --page-order in-order: each sequence's pages consecutive in the pool
 # name: (q_heads, kv_heads, head_dim)
 SHAPES = {"Qwen3-8B": (32, 8, 128), "Qwen3.8-27B": (24, 4, 256), "SmolLM2": (9, 3, 64)}
 # mode: (queries per sequence (None: the whole context), causal)
@@ -178,7 +180,8 @@ def ours_inputs(cfg: AttnConfig):
     pool = cfg.batch * pages_per_seq
     k_cache = torch.randn(pool, PAGE, hkv, d, dtype=BF16, device="cuda")
     v_cache = torch.randn(pool, PAGE, hkv, d, dtype=BF16, device="cuda")
-    tables = torch.randperm(pool, device="cuda").to(torch.int32).view(cfg.batch, pages_per_seq)
+    order = torch.arange(pool, device="cuda") if PAGES_IN_ORDER else torch.randperm(pool, device="cuda")
+    tables = order.to(torch.int32).view(cfg.batch, pages_per_seq)
     if cfg.window > 0:  # pages no query can see are freed, as the draft's window does
         first_visible = (cfg.ctx - cfg.key_len) // PAGE
         tables[:, :first_visible] = -1
@@ -503,7 +506,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    global PAGE
+    global PAGE, PAGES_IN_ORDER
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a ~1 minute subset")
     parser.add_argument("--max-minutes", type=float, default=None,
@@ -530,8 +533,12 @@ def main(argv=None) -> int:
     parser.add_argument("--page-size", type=int, default=PAGE,
                         help="tokens per KV page of our kernels' paged cache (the engine's default: 16); "
                              "the sm90 kernel's TMA boxes are as tall as the page allows, up to 128")
+    parser.add_argument("--page-order", choices=["shuffled", "in-order"], default="shuffled",
+                        help="our paged cache's page tables: shuffled pages (every tile on scattered "
+                             "pages), or each sequence's pages consecutive, as the engine's pool hands "
+                             "out a fresh prompt's (the sm90 kernel then loads whole tiles by TMA)")
     args = parser.parse_args(argv)
-    PAGE = args.page_size
+    PAGE, PAGES_IN_ORDER = args.page_size, args.page_order == "in-order"
     set_sm90(SM90_ENV["auto" if args.sm90 == "compare" else args.sm90])
     if not torch.cuda.is_available():
         print("benchmarks/kernel_bench.py needs a CUDA device", file=sys.stderr)
@@ -540,7 +547,7 @@ def main(argv=None) -> int:
     timer = Timer(iters=10 if args.quick else 20)
     device = torch.cuda.get_device_name()
     result = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "sm90": args.sm90, "page_size": PAGE,
+              "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "sm90": args.sm90, "page_size": PAGE, "page_order": args.page_order,
               "command": " ".join(["python benchmarks/kernel_bench.py"] + (argv if argv is not None else sys.argv[1:]))}
     result["ceilings"] = measure_ceilings(timer)
     result["attention"] = []

@@ -11,13 +11,23 @@ import random
 import torch
 
 
-def paged_layout(kv_lens, page_size, num_pages_extra=3, gen=None, device="cpu"):
+def paged_layout(kv_lens, page_size, num_pages_extra=3, gen=None, device="cpu", page_runs=1):
     """A shuffled page assignment for sequences of the given lengths (pages are not in order, so
-    wrong page arithmetic shows). Returns (block_tables [b, max_pages] int32, total_pages)."""
+    wrong page arithmetic shows). page_runs > 1 shuffles runs of 1..page_runs consecutive pages
+    instead of single pages, as an allocator that hands out ascending runs leaves them (the sm90
+    kernel loads a key tile on consecutive pages by TMA, any other by cp.async).
+    Returns (block_tables [b, max_pages] int32, total_pages)."""
     max_pages = max(1, max(math.ceil(n / page_size) for n in kv_lens))
     need = sum(math.ceil(n / page_size) for n in kv_lens)
     total = need + num_pages_extra
     perm = torch.randperm(total, generator=gen).tolist()
+    if page_runs > 1:
+        cuts, start = [], 0
+        while start < total:
+            length = int(torch.randint(1, page_runs + 1, (1,), generator=gen))
+            cuts.append(list(range(start, min(start + length, total))))
+            start += length
+        perm = [page for i in torch.randperm(len(cuts), generator=gen).tolist() for page in cuts[i]]
     tables = torch.full((len(kv_lens), max_pages + 1), -1, dtype=torch.int32)
     it = iter(perm)
     for b, n in enumerate(kv_lens):

@@ -22,17 +22,17 @@ def visible_key_range(kv_len, n_q, causal, window):
 
 
 def attention_inputs(q_lens, kv_lens, q_heads, kv_heads, head_dim, page_size, dtype, device, seed,
-                     causal=True, window=0, q_row_pad=0):
+                     causal=True, window=0, q_row_pad=0, page_runs=1):
     """A paged attention case whose caches hold NaN at every key no query can see.
 
-    Pages are shuffled; pages wholly outside the window are marked -1 in the block table (the
+    Pages are shuffled (in runs of 1..page_runs consecutive pages: paged_layout); pages wholly outside the window are marked -1 in the block table (the
     kernel must never read them); slots past kv_len, below the window and in unused pages are NaN,
     so a kernel that reads one produces NaN. ``q_row_pad`` > 0 makes q a row view of a wider
     projection (stride(0) = q_heads * head_dim + q_row_pad elements), as a fused QKV output is.
     Returns (kernel_args, reference_args): device tensors, and CPU tensors with NaN replaced by 0
     (the reference gathers page 0 for masked keys and would otherwise multiply NaN by zero)."""
     gen = torch.Generator().manual_seed(seed)
-    tables, pages = paged_layout(kv_lens, page_size, gen=gen)
+    tables, pages = paged_layout(kv_lens, page_size, gen=gen, page_runs=page_runs)
     shape = (pages, page_size, kv_heads, head_dim)
     k_cache = torch.full(shape, float("nan"))
     v_cache = torch.full(shape, float("nan"))

@@ -1,8 +1,8 @@
 // Host-only check (tests/test_sm90_tma_layout.py compiles and runs it): the sm90 attention
 // kernel's K/V stage layout (CuTe's 128-byte-swizzled K-major tiles, Sm90Tile::SmemLayoutK) puts
 // every element where a TMA box with CU_TENSOR_MAP_SWIZZLE_128B writes it, so the kernel's TMA
-// loads (sm90_tma_tile: box_rows x 64 columns at row b * box_rows of column half h) land where
-// its cp.async rows did and where wgmma reads. TMA's swizzle, per 1,024-byte block of 8 rows of
+// loads (sm90_tma_tile: one box of the tile's 128 rows x 64 columns per column half h) land
+// where its cp.async rows do and where wgmma reads. TMA's swizzle, per 1,024-byte block of 8 rows of
 // 128 bytes: the 16-byte chunk index of a row is XORed with the row's index in the block.
 #include <cstdint>
 #include <cstdio>

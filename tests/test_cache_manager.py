@@ -77,6 +77,33 @@ def test_device_mirror_follows_the_host_tables():
     assert (cache.tables[3] == 0).all()  # the padding seat reads page 0
 
 
+def test_a_prompts_pages_leave_the_pool_as_an_ascending_run():
+    """The Hopper attention kernel loads a 128-key tile by TMA only when its pages are
+    consecutive, so a prompt's pages, taken together, must come out of the pool as one ascending
+    run: from a fresh pool, and again after sequences released theirs (in any order)."""
+    spec = PagedKVSpec("target", 1, 1, 8)
+    cache = PagedCache(spec, num_pages=64, page_size=4, max_seats=3, max_pages=16,
+                       dtype=torch.float32, device=torch.device("cpu"))
+    zero = np.zeros(1, np.int64)
+
+    def prompt(seat, tokens):
+        assert cache.reserve(seat, 16)
+        cache.ensure(np.array([seat]), np.array([tokens]), zero)
+        return cache._host[seat, : -(-tokens // 4)].tolist()
+
+    def ascending(row):
+        return row == list(range(row[0], row[0] + len(row)))
+
+    first, second = prompt(0, 40), prompt(1, 64)
+    assert ascending(first) and ascending(second) and first[0] == 0
+    cache.release(0)
+    cache.release(1)
+    again = prompt(2, 64)
+    assert ascending(again), again
+    cache.release(2)
+    assert ascending(prompt(0, 25)) and ascending(prompt(1, 30))
+
+
 def test_a_request_that_cannot_fit_is_refused_up_front(tiny_llama):
     from dspine_engine import KVCacheFullError
 

@@ -278,10 +278,10 @@ ATTN_CASES = [
 ATTN_IDS = [c[0] for c in ATTN_CASES]
 
 
-def _run_attention(case, dtype, seed, q_row_pad=0, table_width=None):
+def _run_attention(case, dtype, seed, q_row_pad=0, table_width=None, page_runs=1):
     _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
     dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, dtype, DEV, seed, causal=causal,
-                                          window=window, q_row_pad=q_row_pad)
+                                          window=window, q_row_pad=q_row_pad, page_runs=page_runs)
     if table_width is not None:
         dev_args, ref_args = with_table_width(dev_args, ref_args, table_width)
     scale = 1 / math.sqrt(d)
@@ -553,17 +553,21 @@ def _sm90_tma_launches():
     return torch.ops.dspine.attention_sm90_tma_launches()
 
 
-def _sm90_pair_launches():
-    return torch.ops.dspine.attention_sm90_pair_launches()
+def _tma_offered(page_size):
+    """attention_heuristics.h:sm90_tma_loads: pages of a power of two >= 8 keys (else every tile
+    goes by cp.async)."""
+    return page_size >= 8 and page_size & (page_size - 1) == 0
 
 
-def _tma_box_rows(page_size):
-    """attention_heuristics.h:sm90_tma_box_rows: the largest power of two <= 128 dividing the page
-    size, if it is at least 8 (else every tile goes by cp.async)."""
-    rows = 128
-    while rows >= 8 and page_size % rows:
-        rows //= 2
-    return rows if rows >= 8 else 0
+def _tma_tiles(tables, kv_lens, page_size):
+    """128-key tiles inside their sequence whose pages are consecutive: the tiles the sm90 kernel
+    loads by TMA where a CTA sees all their keys (attention_sm90.cuh, sm90_tile_slot)."""
+    count = 0
+    for row, kv in zip(tables.tolist(), kv_lens):
+        for k0 in range(0, kv - 127, 128):
+            pages = row[k0 // page_size: (k0 + 127) // page_size + 1]
+            count += all(p == pages[0] + i for i, p in enumerate(pages)) and pages[0] >= 0
+    return count
 
 
 def _sm90_available():
@@ -600,10 +604,10 @@ SM90_CASES = [
     # page of 8 (one table read); 16 at head dim 128, longer than a page of 8 (a read per key).
     ("page_8_run_of_a_page_hd64", [150], [150 + 300], 4, 2, 64, 8, True, 0),
     ("page_8_shorter_than_run_hd128", [140], [140 + 200], 8, 2, 128, 8, True, 0),
-    # TMA boxes of 128 rows inside a page of 256 (a tile starts mid-page), and of 8 rows on a
-    # page of 24 beside a second sequence whose range starts mid-tile.
-    ("page_256_boxes_inside_a_page_hd128", [300], [300 + 700], 8, 2, 128, 256, True, 0),
-    ("page_24_boxes_of_8_two_seqs_hd128", [70, 260], [70 + 500, 260], 8, 4, 128, 24, True, 0),
+    # TMA tiles inside a page of 256 (a tile starts mid-page); pages of 24 (no TMA: not a power
+    # of two) beside a second sequence whose range starts mid-tile.
+    ("page_256_tiles_inside_a_page_hd128", [300], [300 + 700], 8, 2, 128, 256, True, 0),
+    ("page_24_two_seqs_hd128", [70, 260], [70 + 500, 260], 8, 4, 128, 24, True, 0),
 ]
 
 
@@ -614,10 +618,11 @@ SM90_CASES = [
 @pytest.mark.parametrize("case", SM90_CASES, ids=[c[0] for c in SM90_CASES])
 def test_paged_attention_sm90(case, dtype, arrive, loads, monkeypatch):
     """The forced sm90 path against the fp32 reference: NaN in every cache slot no query sees,
-    the output allocated over NaN, q as a fused-QKV row view in odd cases; and the launch counters
-    prove the call ran the wgmma kernel, not the mma.sync one, with its whole tiles by TMA where
-    the page size allows boxes and DSPINE_SM90_LOADS does not ask for cp.async. Both ways the
-    producer announces its loads (DSPINE_SM90_ARRIVE)."""
+    the output allocated over NaN, q as a fused-QKV row view in odd cases, pages shuffled in runs
+    (tiles on consecutive pages and tiles across runs in one call); and the launch counters prove
+    the call ran the wgmma kernel, not the mma.sync one, offered TMA where the page size allows it
+    and DSPINE_SM90_LOADS does not ask for cp.async. Both ways the producer announces its loads
+    (DSPINE_SM90_ARRIVE)."""
     monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
     monkeypatch.setenv("DSPINE_SM90_ARRIVE", arrive)
     monkeypatch.setenv("DSPINE_SM90_LOADS", loads)
@@ -625,11 +630,11 @@ def test_paged_attention_sm90(case, dtype, arrive, loads, monkeypatch):
     pad = 2 * case[4] * case[5] if index % 2 else 0
     _poison_allocator()
     before, tma_before = _sm90_launches(), _sm90_tma_launches()
-    got, ref = _run_attention(case, dtype, seed=100 + index, q_row_pad=pad)
+    got, ref = _run_attention(case, dtype, seed=100 + index, q_row_pad=pad, page_runs=20)
     torch.cuda.synchronize()
     assert _sm90_launches() == before + 1, "the call did not take the sm90 path"
-    by_tma = loads == "tma" and _tma_box_rows(case[6]) > 0
-    assert _sm90_tma_launches() == tma_before + by_tma, "TMA loads taken where not meant, or not taken"
+    by_tma = loads == "tma" and _tma_offered(case[6])
+    assert _sm90_tma_launches() == tma_before + by_tma, "TMA loads offered where not meant, or not offered"
     assert rel_err_fp32(got, ref) < TOL[dtype]
 
 
@@ -652,17 +657,21 @@ def test_paged_attention_sm90_matches_mma_path(case, dtype, monkeypatch):
 
 
 @needs_sm90
+@pytest.mark.parametrize("page_runs", [20, 10**6], ids=["runs", "in_order"])
 @pytest.mark.parametrize("case", [c for c in SM90_CASES if c[0] in (
     "prefill_gqa4_hd128_2k", "chunked_prefill_gqa8_hd128", "page_8_run_of_a_page_hd64",
-    "page_24_boxes_of_8_two_seqs_hd128")], ids=lambda c: c[0])
-def test_sm90_arrive_modes_agree_bitwise(case, monkeypatch):
-    """The two producer announcers and the two ways of loading a whole tile (TMA boxes, cp.async
-    rows) change only how and when a stage lands, never the arithmetic: the outputs must be
+    "page_256_tiles_inside_a_page_hd128")], ids=lambda c: c[0])
+def test_sm90_arrive_modes_agree_bitwise(case, page_runs, monkeypatch):
+    """The two producer announcers and the two ways of loading a tile (TMA, cp.async rows)
+    change only how and when a stage lands, never the arithmetic: the outputs must be
     bit-identical, over several launches (a stage read before its copies land would show as a
-    difference in some launch)."""
+    difference in some launch). Pages in shuffled runs (some tiles by TMA, some not) and all in
+    order (every whole tile by TMA); the layout must hold such tiles, or the test proves nothing."""
     monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
     _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
-    dev_args, _ = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, 43, causal=causal)
+    dev_args, _ = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, 43, causal=causal,
+                                   page_runs=page_runs)
+    assert _tma_tiles(dev_args[3].cpu(), kv_lens, ps) > 0
     outs = {}
     modes = [(a, l) for a in ("wait", "async") for l in ("tma", "cp.async")]
     for arrive, loads in modes + modes:
@@ -677,38 +686,6 @@ def test_sm90_arrive_modes_agree_bitwise(case, monkeypatch):
     first = outs[modes[0]]
     for mode in modes[1:]:
         assert torch.equal(outs[mode], first), mode
-
-
-@needs_sm90
-@pytest.mark.parametrize("case", [c for c in SM90_CASES if c[0] in (
-    "prefill_gqa4_hd128_2k", "chunked_prefill_gqa8_hd128", "varlen_gqa3_hd64", "odd_page_40_gqa5_hd128",
-    "page_256_boxes_inside_a_page_hd128", "with_empty_sequence")], ids=lambda c: c[0])
-def test_sm90_cta_pairs_match_single_ctas_bitwise(case, monkeypatch):
-    """DSPINE_SM90_CLUSTER=2: clusters of two CTAs on neighbouring row tiles, each whole tile
-    loaded once and multicast into both where their ranges agree, single CTAs where not (the
-    cases mix both: GQA 4 and 8 pair up, GQA 3 and 5 and the chunks at odd offsets mostly not).
-    Only where the bytes come from changes, so the outputs equal the single-CTA launch's bit for
-    bit under both announcers and over repeated launches (a stage released before both CTAs were
-    done with it would show), and match the reference."""
-    monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
-    monkeypatch.setenv("DSPINE_SM90_LOADS", "tma")
-    _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
-    dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, 47, causal=causal)
-    scale = 1 / math.sqrt(d)
-    for arrive in ("wait", "async"):
-        monkeypatch.setenv("DSPINE_SM90_ARRIVE", arrive)
-        monkeypatch.setenv("DSPINE_SM90_CLUSTER", "1")
-        single = ops.paged_attention(*dev_args, causal, window, scale)
-        monkeypatch.setenv("DSPINE_SM90_CLUSTER", "2")
-        for _ in range(3):
-            before = _sm90_pair_launches()
-            paired = ops.paged_attention(*dev_args, causal, window, scale)
-            torch.cuda.synchronize()
-            assert _sm90_pair_launches() == before + 1, "the call was not launched as CTA pairs"
-            assert torch.equal(paired, single), arrive
-    q, kc, vc, *meta = ref_args
-    ref = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, causal, window, scale)
-    assert rel_err_fp32(paired, ref) < TOL[torch.bfloat16]
 
 
 @needs_sm90

@@ -160,10 +160,8 @@ struct CtaWork {
   int tile_begin, tile_end;
 };
 
-// The work of the CTA at grid z index `z` (row tile gridDim.z - 1 - z) of this CTA's (batch, KV
-// head) column: the sm90 kernel's CTA pairs also compute their peer's.
 template <typename C>
-__device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p, unsigned z) {
+__device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
   CtaWork w;
   w.b = blockIdx.x / p.kv_heads;
   w.kvh = blockIdx.x % p.kv_heads;
@@ -174,7 +172,7 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p, unsig
   w.first_pos = w.kv_len - w.n;
   w.page_shift = page_shift_of(p.page_size);
   // Heaviest (latest, for causal) row tiles first: better balance of the triangular work.
-  w.row0 = static_cast<int>(gridDim.z - 1 - z) * C::kBlockM;
+  w.row0 = (gridDim.z - 1 - blockIdx.z) * C::kBlockM;
   w.rows_here = min(C::kBlockM, w.n * w.group - w.row0);
   w.tile_begin = w.tile_end = 0;
   if (w.rows_here <= 0) return w;
@@ -199,11 +197,6 @@ __device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p, unsig
   w.tile_begin = w.key_lo / C::kBlockN + static_cast<int>(blockIdx.y) * per_split;
   w.tile_end = min(w.key_lo / C::kBlockN + tiles, w.tile_begin + per_split);
   return w;
-}
-
-template <typename C>
-__device__ __forceinline__ CtaWork cta_work(const PagedAttentionParams& p) {
-  return cta_work<C>(p, blockIdx.z);
 }
 
 // One thread's two rows in the m16n8 accumulator layout (`row` and `row + 8` of its warp's 16):

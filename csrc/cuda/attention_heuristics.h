@@ -81,26 +81,16 @@ inline bool sm90_async_arrivals(int head_dim, const char* forced) {
   return head_dim >= 128;
 }
 
-// Rows of a TMA box for the sm90 producer's whole tiles (attention_sm90.cuh, Sm90LoadMaps), 0
-// for cp.async everywhere. A box must stay on one page and tile the 128-key tile, and the
-// 128-byte swizzle repeats every 8 rows: the largest power of two dividing both the page size and
-// 128, if it is at least 8 (pages of 8, 16, 24, 32, 40, ... 128, 256, ...: the default 16 gives
-// 16-row boxes, 8 per tile and 64-column half). forced: "cp.async" (DSPINE_SM90_LOADS, the tests
-// run both) takes cp.async for every tile, anything else the default. Unmeasured (issue 12: the
-// 31st session measured the cp.async loads at ~200 of the 8K prefill's ~1,100 us).
-inline int sm90_tma_box_rows(int page_size, const char* forced) {
-  if (forced != nullptr && forced[0] == 'c') return 0;  // cp.async
-  int rows = 128;
-  while (rows >= 8 && page_size % rows != 0) rows /= 2;
-  return rows >= 8 ? rows : 0;
-}
-
-// Whether the sm90 kernel runs as clusters of two CTAs that share their whole tiles by TMA
-// multicast (Sm90Pair in attention_sm90.cuh: each tile read from L2 once for two row tiles).
-// Only with TMA boxes (box_rows > 0), and only asked for: DSPINE_SM90_CLUSTER=2. Off by default
-// until measured (issue 12, 31st session: written, not yet run on a GPU).
-inline bool sm90_cta_pairs(int box_rows, const char* forced) {
-  return box_rows > 0 && forced != nullptr && forced[0] == '2' && forced[1] == '\0';
+// Whether the sm90 producer may load whole tiles by TMA (attention_sm90.cuh, Sm90LoadMaps): one
+// 128-row box per 64 columns for each tile on 128 consecutive cache slots, the rest by cp.async.
+// The kernel checks a tile's pages with one lane each, so a tile may touch at most 32 pages:
+// pages of at least 8 keys (17 at most). forced: "cp.async" (DSPINE_SM90_LOADS, the tests and
+// benchmarks run both) takes cp.async for every tile. Measured (H100, 32nd session, 8K prefill,
+// Qwen3-8B heads): 128-row boxes 975 us against cp.async's 1,150; 16-row boxes, one a page, were
+// 1,233-1,271, slower than cp.async, which is why a tile goes by TMA only whole.
+inline bool sm90_tma_loads(int page_size, const char* forced) {
+  if (forced != nullptr && forced[0] == 'c') return false;  // cp.async
+  return page_size >= 8 && (page_size & (page_size - 1)) == 0;
 }
 
 }  // namespace gpu

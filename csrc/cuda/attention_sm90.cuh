@@ -6,14 +6,13 @@
 // CTA = 3 warpgroups (384 threads) owning one (sequence, kv head, tile of 128 rows), rows being
 // (query, head of the GQA group) pairs exactly as in the mma.sync kernel (cta_work is shared):
 //   warpgroup 0  producer: Q once, then K and V tiles of 128 keys into two rings of kStages
-//                stages (K_{i+1} before V_i, the order the consumers need them). Copies are
-//                cp.async, 16 bytes each, one page-table read per thread and tile (its 8 or
-//                16 key rows lie on one page; KeyRun in attention.cuh): a 128-key tile
-//                spans 8 pages at the engine's page size of 16, so a TMA box (one page, 16 rows)
-//                would need 8 descriptors' worth of issues per tile and could not zero-fill keys
-//                outside the visible range without reading them (see docs/KERNELS.md, "Hopper
-//                (sm_90a)"). Each load is one cp.async group per thread, announced on its `full`
-//                mbarrier by Sm90WaitAnnouncer or Sm90AsyncAnnouncer (below).
+//                stages (K_{i+1} before V_i, the order the consumers need them). A tile whose
+//                keys are all visible and whose 128 cache slots are consecutive (its pages are)
+//                goes by TMA, one 128-row box per 64 columns (sm90_tile_slot); any other by
+//                cp.async, 16 bytes a copy, one page-table read per thread and tile (its 8 or 16
+//                key rows lie on one page; KeyRun in attention.cuh), zero-filling the keys outside
+//                the visible range. Each load is announced on its `full` mbarrier by
+//                Sm90WaitAnnouncer or Sm90AsyncAnnouncer (below), plus the TMA's bytes.
 //   warpgroups 1-2  consumers, 64 rows each (the M of one wgmma): S = Q K^T with both operands
 //                in shared memory (SS), online softmax on the S accumulators in registers (the
 //                mma.sync kernel's softmax_scores / rescale_rows: wgmma's accumulator layout per
@@ -83,12 +82,15 @@ struct Sm90Tile {
   static constexpr int kRunKeys = key_run_length(kBlockN, kChunks, 128);  // per producer thread
   static_assert(kRunKeys > 0, "the producer's 128 threads cover a tile in runs");
   // setmaxnreg budgets: what the producer gives back must cover what the consumers take, inside
-  // the CTA's 384 x 168 = 64512 registers: 128 x 64 + 256 x 216 = 63488. At 40 the producer
+  // the CTA's 384 x 168 = 64512 registers: 128 x 72 + 256 x 216 = 64512. At 40 the producer
   // spilled 12-16 bytes (its cp.async address math); 56 compiled with none until its whole key
-  // runs got their own copy path (KeyRun::visit), which spills 12 bytes at 56 and none at 64. The
-  // consumers compile without spills at 216 (224 before).
-  static constexpr int kProducerRegs = 64;
+  // runs got their own copy path (KeyRun::visit), which spills 12 bytes at 56 and none at 64; the
+  // TMA path's run check (sm90_tile_slot) spilled 24 bytes at 64 (head dim 128) and none at 72.
+  // The consumers compile without spills at 216 (224 before).
+  static constexpr int kProducerRegs = 72;
   static constexpr int kConsumerRegs = 216;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 384 * ((65536 / 384) & ~7),
+                "the warpgroups' registers fit what the launch gives the CTA");
 
   // Shared memory: K-major 128-byte-swizzled tiles (what wgmma reads without bank conflicts).
   // V is stored like K (key rows of D contiguous elements, as the cache holds them) and read by
@@ -126,13 +128,12 @@ struct Sm90Tile {
 
 // Tensor maps of the K and V caches for loading whole tiles by TMA (encoded on the host:
 // cuda_attention_sm90.cu). A cache is the 3-D tensor [slots, kv_heads, D] (dims D, kv_heads,
-// slots, innermost first); a box is box_rows slots x 1 head x 64 columns in the 128-byte swizzle
-// the wgmma tiles use, so box b of a tile lands on rows b * box_rows .. of its 64-column half
-// exactly as the cp.async path writes them. box_rows divides both the page size and a tile (a
-// box never crosses a page); 0: every tile by cp.async.
+// slots, innermost first); a box is 128 slots (a tile's keys) x 1 head x 64 columns in the
+// 128-byte swizzle the wgmma tiles use, so it lands on its 64-column half of the stage exactly as
+// the cp.async path writes it. on = false: every tile by cp.async.
 struct Sm90LoadMaps {
   CUtensorMap k, v;
-  int box_rows;
+  bool on;
 };
 
 #if DSPINE_SM90_DEVICE_CODE
@@ -185,86 +186,40 @@ __device__ __forceinline__ void sm90_load_tile(TS& dst, const void* cache, const
   });
 }
 
-// A CTA pair of a cluster (launched with DSPINE_SM90_CLUSTER=2: z indices 2j and 2j + 1, the
-// neighbouring row tiles of one (sequence, KV head)) shares its tiles when both CTAs have the
-// same tile range: each tile whole for both (keys [lo, hi], visible to both) is loaded once, its
-// boxes split between the two producers and multicast into both CTAs. Every stage is then
-// released by both CTAs' consumers (empty barriers count 512 arrivals, half of them remote), and
-// both CTAs wait for each other at the start (barriers initialised) and at the end (no remote
-// arrival or copy may reach a CTA that has exited). Pairs with different ranges (a range that
-// straddles a key tile between them, the grid's padding CTA, chunked prefills at odd offsets)
-// run as two single CTAs.
-struct Sm90Pair {
-  bool on;
-  uint32_t rank, peer;  // ranks in the cluster
-  int lo, hi;           // keys visible to both CTAs
-};
-
+// The first cache slot of key tile `tile` when TMA can load it whole, else -1 (cp.async): every
+// key of the tile visible to the CTA (nothing to zero-fill) and its 128 slots consecutive in the
+// cache, i.e. the pages it touches mapped and consecutive (the engine's page pool hands them out
+// in ascending runs: kv_cache.py, PagePool). Why only whole runs: 16-row boxes, one per page of
+// 16, made the 8K prefill 12% slower than cp.async, where 128-row boxes made it 15% faster (H100,
+// 32nd session, `h200_quick.sh prefill-pages`). Each producer warp reads the table entries itself,
+// one a lane (the host allows TMA only for pages of at least 8 keys: at most 17 pages a tile), so
+// all four agree without a barrier; read before the producer waits for a stage, as KeyRun is.
 template <typename C>
-__device__ __forceinline__ Sm90Pair sm90_pair(const PagedAttentionParams& p, const CtaWork& w, const Sm90LoadMaps& maps) {
-  Sm90Pair pair{false, 0u, 0u, w.key_lo, w.key_hi};
-  if (maps.box_rows == 0 || cute::cluster_shape().z != 2) return pair;
-  const CtaWork peer = cta_work<C>(p, blockIdx.z ^ 1u);
-  pair.on = w.rows_here > 0 && peer.rows_here > 0 && w.tile_end > w.tile_begin &&
-            w.tile_begin == peer.tile_begin && w.tile_end == peer.tile_end;
-  pair.rank = cute::block_rank_in_cluster();
-  pair.peer = pair.rank ^ 1u;
-  pair.lo = max(w.key_lo, peer.key_lo);
-  pair.hi = min(w.key_hi, peer.key_hi);
-  return pair;
+__device__ __forceinline__ int sm90_tile_slot(const PagedAttentionParams& p, const CtaWork& w, const int32_t* table,
+                                              bool tma, int tile) {
+  const int k0 = tile * C::kBlockN, k1 = k0 + C::kBlockN - 1;
+  if (!tma || k0 < w.key_lo || k1 > w.key_hi) return -1;  // uniform over the warpgroup
+  const int first = k0 >> w.page_shift, idx = min(first + static_cast<int>(threadIdx.x % kWarpSize), k1 >> w.page_shift);
+  const int page = idx < p.max_pages ? table[idx] : -1;
+  const int page0 = __shfl_sync(0xffffffffu, page, 0);
+  const bool in_run = page >= 0 && page < p.num_pages && page == page0 + (idx - first);
+  if (!__all_sync(0xffffffffu, in_run)) return -1;
+  return page0 * p.page_size + (k0 - first * p.page_size);  // < 2^31: the host checks
 }
 
-// A whole tile (every key visible to the CTA, so no zero-fill) by TMA: producer thread b <
-// kBlockN / box_rows takes box b, box_rows keys on one page: it adds the box's bytes to the
-// stage's `full` barrier and issues one copy per 64 columns, which count down those bytes when
-// they land (the barrier's phase also waits for all 128 producer arrivals, so the order of the
-// threads' byte counts does not matter). In a sharing pair (Sm90Pair) the CTA of rank b % 2
-// issues box b into both CTAs, and both count its bytes. The box of an unmapped page (table entry -1: not a
-// valid input, but the cp.async path reads it as zeros) is zero-filled by cp.async instead,
-// which the announcer fences and counts like any other copy.
-//
-// The box's first cache slot comes from sm90_box_slot, read before the producer waits for the
-// stage (as the cp.async path's KeyRun is), so no table read sits between a free stage and its
-// copies; K and V of a tile share it.
-template <typename C>
-__device__ __forceinline__ int sm90_box_slot(const PagedAttentionParams& p, const CtaWork& w, const int32_t* table,
-                                             int box_rows, int tile, int tid) {
-  const int r = tid * box_rows;  // the box's first row in the tile
-  if (box_rows == 0 || r >= C::kBlockN) return -1;
-  const int kp = tile * C::kBlockN + r;
-  // kv_offset's page lookup, kept apart: a slot helper shared with it cost the mma.sync kernel a
-  // 64-bit select per key and this kernel's producer 4 bytes of spills (31st session, ptxas -v).
-  const int page_idx = w.page_shift >= 0 ? kp >> w.page_shift : kp / p.page_size;
-  const int page = page_idx < p.max_pages ? table[page_idx] : -1;
-  if (page < 0 || page >= p.num_pages) return -1;
-  return page * p.page_size + (kp - page_idx * p.page_size);  // < 2^31: the host checks
-}
-
+// A tile by TMA from its first slot (sm90_tile_slot): producer thread 0 adds the tile's bytes to
+// the stage's `full` barrier and issues one 128-row box per 64 columns, which count those bytes
+// down as they land (the barrier's phase also waits for all 128 producer arrivals).
 template <typename C, class TS>
-__device__ __forceinline__ void sm90_tma_tile(TS& dst, const CUtensorMap* map, const void* cache, int box_rows,
-                                              const CtaWork& w, int slot, int stage, uint64_t* full, int tid,
-                                              const Sm90Pair& pair) {
-  using T = typename C::Elem;
-  const int r = tid * box_rows;  // the box's first row in the tile
-  if (r >= C::kBlockN) return;
-  if (slot < 0) {
-    for (int k = 0; k < box_rows; ++k)
-      for (int ch = 0; ch < C::kChunks; ++ch)
-        copy_key_chunk(&dst(r + k, ch * 8, stage), static_cast<const T*>(cache), -1, std::false_type{});
-    return;
-  }
-  cutlass::arch::ClusterTransactionBarrier::expect_transaction(full, static_cast<uint32_t>(box_rows * C::kD * sizeof(T)));
+__device__ __forceinline__ void sm90_tma_tile(TS& dst, const CUtensorMap* map, const CtaWork& w, int slot, int stage,
+                                              uint64_t* full) {
+  if (threadIdx.x != 0) return;
+  cutlass::arch::ClusterTransactionBarrier::expect_transaction(
+      full, static_cast<uint32_t>(C::kBlockN * C::kD * sizeof(typename C::Elem)));
   constexpr uint64_t kCacheHint = static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
-  if (!pair.on) {
 #pragma unroll
-    for (int h = 0; h < C::kD / 64; ++h)
-      cute::SM90_TMA_LOAD_3D::copy(map, full, kCacheHint, &dst(r, h * 64, stage), h * 64, w.kvh, slot);
-  } else if (static_cast<uint32_t>(tid % 2) == pair.rank) {  // this CTA's half of the boxes, into both
-#pragma unroll
-    for (int h = 0; h < C::kD / 64; ++h)
-      cute::SM90_TMA_LOAD_MULTICAST_3D::copy(map, full, uint16_t{0b11}, kCacheHint, &dst(r, h * 64, stage), h * 64,
-                                             w.kvh, slot);
-  }
+  for (int h = 0; h < C::kD / 64; ++h)
+    cute::SM90_TMA_LOAD_3D::copy(map, full, kCacheHint, &dst(0, h * 64, stage), h * 64, w.kvh, slot);
 }
 
 // How the producer announces a load (one cp.async group per thread) on its `full` barrier:
@@ -338,8 +293,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
   Tensor sVt = make_tensor(make_smem_ptr(v_ptr), typename C::SmemLayoutVt{});
 
   const CtaWork w = cta_work<C>(p);
-  const Sm90Pair pair = sm90_pair<C>(p, w, maps);  // the same answer in both CTAs of a cluster
-  if (w.rows_here <= 0) return;  // uniform over the CTA (never in a sharing pair)
+  if (w.rows_here <= 0) return;  // uniform over the CTA
   const int n_tiles = w.tile_end - w.tile_begin;
 
   if (threadIdx.x == 0) {
@@ -347,20 +301,12 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     for (int s = 0; s < C::kStages; ++s) {
       Bar::init(&full_k[s], 128);
       Bar::init(&full_v[s], 128);
-      Bar::init(&empty_k[s], pair.on ? 512 : 256);
-      Bar::init(&empty_v[s], pair.on ? 512 : 256);
+      Bar::init(&empty_k[s], 256);
+      Bar::init(&empty_v[s], 256);
     }
     cutlass::arch::fence_barrier_init();
   }
-  if (pair.on)
-    cute::cluster_sync();  // both CTAs' barriers exist before any remote arrival or copy
-  else
-    __syncthreads();
-  // A stage back to the producer(s): this CTA's, and the peer's when the pair shares its tiles.
-  auto release = [&](uint64_t* empty) {
-    Bar::arrive(empty);
-    if (pair.on) Bar::arrive(empty, pair.peer, 1u);
-  };
+  __syncthreads();
 
   // Parity a stage's barrier shows once its u-th use (u = tile / kStages) may start: a fresh
   // `empty` barrier passes parity 1 at once.
@@ -381,26 +327,25 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     const int32_t* table = p.block_tables + static_cast<int64_t>(w.b) * p.max_pages;
     std::conditional_t<ASYNC_ARRIVE, Sm90AsyncAnnouncer, Sm90WaitAnnouncer> announce;
     announce.issued(q_full);
-    if (maps.box_rows > 0 && tid == 0) {
+    if (maps.on && tid == 0) {
       cute::prefetch_tma_descriptor(&maps.k);
       cute::prefetch_tma_descriptor(&maps.v);
     }
-    // Tile i of K or V into its stage: by TMA when the whole tile is visible to the CTA (to both
-    // CTAs of a sharing pair), else by cp.async (a range's first and last tiles zero-fill the
-    // keys outside it).
+    // Tile i of K or V into its stage: by TMA from its first slot when it has one (whole and on
+    // consecutive slots: sm90_tile_slot), else by cp.async (a range's first and last tiles
+    // zero-fill the keys outside it).
     auto load = [&](auto& dst, const CUtensorMap* map, const void* cache, const KeyRun<C::kRunKeys>& rows,
-                    int box_slot, int i, uint64_t* full) {
-      const int tile = w.tile_begin + i, stage = i % C::kStages;
+                    int tile_slot, int i, uint64_t* full) {
+      const int stage = i % C::kStages;
       if (!sm90_loads_tile(i, C::kStages)) return;
-      const int k0 = tile * C::kBlockN;
-      if (maps.box_rows > 0 && k0 >= pair.lo && k0 + C::kBlockN - 1 <= pair.hi)
-        sm90_tma_tile<C>(dst, map, cache, maps.box_rows, w, box_slot, stage, full, tid, pair);
+      if (tile_slot >= 0)
+        sm90_tma_tile<C>(dst, map, w, tile_slot, stage, full);
       else
         sm90_load_tile<C>(dst, cache, p, w, table, rows, stage, tid);
     };
-    // Tile i's sources (rows for cp.async, the box's slot for TMA), each read before its waits.
+    // Tile i's sources (rows for cp.async, the first slot for TMA), each read before its waits.
     KeyRun<C::kRunKeys> run = sm90_key_run<C>(p, w, table, w.tile_begin, tid);
-    int slot = sm90_box_slot<C>(p, w, table, maps.box_rows, w.tile_begin, tid);
+    int slot = sm90_tile_slot<C>(p, w, table, maps.on, w.tile_begin);
     load(sK, &maps.k, p.k_cache, run, slot, 0, &full_k[0]);
     cp_async_commit();
     announce.issued(&full_k[0]);
@@ -409,7 +354,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
       int next_slot = slot;
       if (i + 1 < n_tiles) {
         next = sm90_key_run<C>(p, w, table, w.tile_begin + i + 1, tid);
-        next_slot = sm90_box_slot<C>(p, w, table, maps.box_rows, w.tile_begin + i + 1, tid);
+        next_slot = sm90_tile_slot<C>(p, w, table, maps.on, w.tile_begin + i + 1);
         const int stage = (i + 1) % C::kStages;
         Bar::wait(&empty_k[stage], use_parity(i + 1) ^ 1);
         load(sK, &maps.k, p.k_cache, next, next_slot, i + 1, &full_k[stage]);
@@ -478,7 +423,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     auto retire_pv = [&](int stage) {
       wgmma_wait<0>(tOrO);
       warpgroup_fence_operand(tOrP);
-      release(&empty_v[stage]);
+      Bar::arrive(&empty_v[stage]);
     };
     auto o_of_regs = [&](float (&o)[D / 8][4]) {
 #pragma unroll
@@ -497,7 +442,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     Bar::wait(&full_k[0], 0);
     wgmma_issue<true, false>(mma_s, tSrQ, tSrK(_, _, _, 0), tSrS);
     wgmma_wait<0>(tSrS);
-    release(&empty_k[0]);
+    Bar::arrive(&empty_k[0]);
     softmax_tile(0);  // corr is 1 or 0 against an O that is still zero: nothing to rescale
     clear(tOrO);
     p_from_s();
@@ -523,7 +468,7 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
       wgmma_issue<false, true>(mma_o, tOrP, tOrV(_, _, _, prev), tOrO);
       cutlass::arch::NamedBarrier::arrive(256, 2 - me);
       wgmma_wait<1>(tSrS);  // Q K_i^T retired; P V_{i-1} may still run
-      release(&empty_k[stage]);
+      Bar::arrive(&empty_k[stage]);
       softmax_tile(i);
       retire_pv(prev);
       p_from_s();
@@ -537,41 +482,19 @@ __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     o_of_regs(o);
     store_rows<C>(p, w, o, rs.m_run, rs.l_run);
   }
-  if (pair.on) cute::cluster_sync();  // the peer may still arrive on this CTA's barriers
 #else
   __trap();  // no sm_90a image in this pass; attention_sm90_runnable() keeps launches away
 #endif
 }
 
-// pairs: launch as clusters of two CTAs along z (Sm90Pair), the row tiles padded to an even
-// count so that z indices 2j and 2j + 1 hold row tiles 2k + 1 and 2k (the same key tiles when
-// a key tile spans an even number of row tiles, as at GQA groups of 2 and more).
 template <typename T, int D, bool ASYNC_ARRIVE>
-void launch_attention_sm90_tile(const PagedAttentionParams& p, const Sm90LoadMaps& maps, bool pairs,
-                                cudaStream_t stream) {
+void launch_attention_sm90_tile(const PagedAttentionParams& p, const Sm90LoadMaps& maps, cudaStream_t stream) {
   using C = Sm90Tile<T, D>;
   constexpr auto kernel = paged_attention_sm90_kernel<T, D, ASYNC_ARRIVE>;
-  int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
-  if (pairs) row_tiles += row_tiles % 2;
+  const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), 1u, static_cast<unsigned>(row_tiles));
   allow_max_dynamic_smem<kernel>();
-  if (!pairs) {
-    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
-    return;
-  }
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 2;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(C::kThreads);
-  config.dynamicSmemBytes = C::kSmemBytes;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kernel, p, maps);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
 }
 
 }  // namespace gpu

@@ -29,13 +29,9 @@ void launch_attention_sm90(const PagedAttentionParams& p, cudaStream_t stream);
 // it through torch.ops.dspine.attention_sm90_launches to check that the dispatch took the path).
 int64_t attention_sm90_launches();
 
-// Of those, the launches whose whole tiles went by TMA (Sm90LoadMaps encoded): the tests check
-// that both load paths ran.
+// Of those, the launches that could load whole tiles by TMA (Sm90LoadMaps encoded; the tiles on
+// consecutive slots then do): the tests check that both load paths were offered.
 int64_t attention_sm90_tma_launches();
-
-// Of those, the launches as clusters of CTA pairs (DSPINE_SM90_CLUSTER=2): the tests check that
-// the pair path ran.
-int64_t attention_sm90_pair_launches();
 #else
 template <typename T>
 inline bool attention_sm90_runnable() { return false; }
@@ -43,7 +39,6 @@ template <typename T>
 inline void launch_attention_sm90(const PagedAttentionParams&, cudaStream_t) {}
 inline int64_t attention_sm90_launches() { return 0; }
 inline int64_t attention_sm90_tma_launches() { return 0; }
-inline int64_t attention_sm90_pair_launches() { return 0; }
 #endif
 
 }  // namespace gpu

@@ -134,7 +134,6 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
 // the dispatch took the path they meant to test.
 static int64_t attention_sm90_launches() { return gpu::attention_sm90_launches(); }
 static int64_t attention_sm90_tma_launches() { return gpu::attention_sm90_tma_launches(); }
-static int64_t attention_sm90_pair_launches() { return gpu::attention_sm90_pair_launches(); }
 
 // 1 when this build has the sm90 kernel and its image runs on the current device.
 static int64_t attention_sm90_available() {
@@ -147,6 +146,5 @@ static int64_t attention_sm90_available() {
 TORCH_LIBRARY_FRAGMENT(dspine, m) {
   m.def("attention_sm90_launches() -> int", &dspine::cuda::attention_sm90_launches);
   m.def("attention_sm90_tma_launches() -> int", &dspine::cuda::attention_sm90_tma_launches);
-  m.def("attention_sm90_pair_launches() -> int", &dspine::cuda::attention_sm90_pair_launches);
   m.def("attention_sm90_available() -> int", &dspine::cuda::attention_sm90_available);
 }

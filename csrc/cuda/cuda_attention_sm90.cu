@@ -21,12 +21,10 @@ namespace gpu {
 namespace {
 std::atomic<int64_t> g_sm90_launches{0};
 std::atomic<int64_t> g_sm90_tma_launches{0};
-std::atomic<int64_t> g_sm90_pair_launches{0};
 }
 
 int64_t attention_sm90_launches() { return g_sm90_launches.load(std::memory_order_relaxed); }
 int64_t attention_sm90_tma_launches() { return g_sm90_tma_launches.load(std::memory_order_relaxed); }
-int64_t attention_sm90_pair_launches() { return g_sm90_pair_launches.load(std::memory_order_relaxed); }
 
 // The image the runtime picks for this device must be the sm_90a one: an sm_80-only build (or a
 // build for another Hopper-less arch list) would run the trapping stub instead. Asked once per
@@ -76,16 +74,18 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encoder;
 }
 
-// One cache as the [slots, kv_heads, D] tensor of Sm90LoadMaps, boxes of box_rows x 1 x 64.
+// One cache as the [slots, kv_heads, D] tensor of Sm90LoadMaps, boxes of a tile's 128 slots x 1 x 64.
 template <typename T>
-bool encode_cache_map(CUtensorMap* map, const void* cache, const PagedAttentionParams& p, int box_rows) {
+bool encode_cache_map(CUtensorMap* map, const void* cache, const PagedAttentionParams& p) {
+  static_assert(Sm90Tile<T, 64>::kBlockN == 128 && Sm90Tile<T, 128>::kBlockN == 128, "a box is one key tile");
+  constexpr cuuint32_t box_rows = 128;
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t elem = sizeof(T);
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.kv_heads),
                               static_cast<cuuint64_t>(p.num_pages) * p.page_size};
   const cuuint64_t strides[2] = {p.head_dim * elem, static_cast<cuuint64_t>(p.kv_heads) * p.head_dim * elem};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[3] = {64, 1, box_rows};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUtensorMapDataType type =
       std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
@@ -94,30 +94,27 @@ bool encode_cache_map(CUtensorMap* map, const void* cache, const PagedAttentionP
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The maps for this call, or box_rows = 0 (cp.async for every tile) when the page size does not
-// allow boxes, DSPINE_SM90_LOADS=cp.async asks for that (read at every launch, so the tests run
-// both in one process), a slot index would not fit the copies' 32-bit coordinates, or the
-// driver refuses a map (e.g. a cache not 16-byte aligned).
+// The maps for this call, or on = false (cp.async for every tile) when the pages are too small
+// for the kernel's run check, DSPINE_SM90_LOADS=cp.async asks for that (read at every launch, so
+// the tests run both in one process), a slot index would not fit the copies' 32-bit coordinates,
+// or the driver refuses a map (e.g. a cache not 16-byte aligned).
 template <typename T>
 Sm90LoadMaps sm90_load_maps(const PagedAttentionParams& p) {
   Sm90LoadMaps maps{};
-  const int box_rows = sm90_tma_box_rows(p.page_size, std::getenv("DSPINE_SM90_LOADS"));
   const bool fits = static_cast<int64_t>(p.num_pages) * p.page_size <= INT32_MAX;
-  if (box_rows > 0 && fits && encode_cache_map<T>(&maps.k, p.k_cache, p, box_rows) &&
-      encode_cache_map<T>(&maps.v, p.v_cache, p, box_rows))
-    maps.box_rows = box_rows;
+  maps.on = sm90_tma_loads(p.page_size, std::getenv("DSPINE_SM90_LOADS")) && fits &&
+            encode_cache_map<T>(&maps.k, p.k_cache, p) && encode_cache_map<T>(&maps.v, p.v_cache, p);
   return maps;
 }
 
 }  // namespace
 
 template <typename T, bool ASYNC_ARRIVE>
-void launch_attention_sm90_head_dim(const PagedAttentionParams& p, const Sm90LoadMaps& maps, bool pairs,
-                                    cudaStream_t stream) {
+void launch_attention_sm90_head_dim(const PagedAttentionParams& p, const Sm90LoadMaps& maps, cudaStream_t stream) {
   if (p.head_dim == 64)
-    launch_attention_sm90_tile<T, 64, ASYNC_ARRIVE>(p, maps, pairs, stream);
+    launch_attention_sm90_tile<T, 64, ASYNC_ARRIVE>(p, maps, stream);
   else
-    launch_attention_sm90_tile<T, 128, ASYNC_ARRIVE>(p, maps, pairs, stream);
+    launch_attention_sm90_tile<T, 128, ASYNC_ARRIVE>(p, maps, stream);
 }
 
 template <typename T>
@@ -125,15 +122,12 @@ void launch_attention_sm90(const PagedAttentionParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.batch == 0 || p.max_q_len <= 0) return;
   g_sm90_launches.fetch_add(1, std::memory_order_relaxed);
   const Sm90LoadMaps maps = sm90_load_maps<T>(p);
-  if (maps.box_rows > 0) g_sm90_tma_launches.fetch_add(1, std::memory_order_relaxed);
-  // DSPINE_SM90_ARRIVE (async / wait) and DSPINE_SM90_CLUSTER read at every launch, so tests run
-  // every mode in one process.
-  const bool pairs = sm90_cta_pairs(maps.box_rows, std::getenv("DSPINE_SM90_CLUSTER"));
-  if (pairs) g_sm90_pair_launches.fetch_add(1, std::memory_order_relaxed);
+  if (maps.on) g_sm90_tma_launches.fetch_add(1, std::memory_order_relaxed);
+  // DSPINE_SM90_ARRIVE (async / wait) read at every launch, so tests run both in one process.
   if (sm90_async_arrivals(p.head_dim, std::getenv("DSPINE_SM90_ARRIVE")))
-    launch_attention_sm90_head_dim<T, true>(p, maps, pairs, stream);
+    launch_attention_sm90_head_dim<T, true>(p, maps, stream);
   else
-    launch_attention_sm90_head_dim<T, false>(p, maps, pairs, stream);
+    launch_attention_sm90_head_dim<T, false>(p, maps, stream);
 }
 
 template bool attention_sm90_runnable<__nv_bfloat16>();

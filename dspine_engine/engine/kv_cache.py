@@ -71,8 +71,14 @@ class PagePool:
         return [self._free.pop() for _ in range(n)]
 
     def give_back(self, pages: list[int], still_reserved: bool) -> None:
-        """Returns pages; they stay promised to the sequence when it may need them again."""
-        self._free.extend(pages)
+        """Returns pages; they stay promised to the sequence when it may need them again.
+
+        Pushed in reverse, so the next `take` pops them in the order they are given (a sequence's
+        table order): pages handed out as an ascending run come back out as one. A prompt's pages
+        taken together are then mostly consecutive, and the Hopper attention kernel loads a key
+        tile on consecutive pages by TMA, which is faster than gathering it page by page
+        (docs/DECISIONS.md, "Pages leave the pool in ascending runs")."""
+        self._free.extend(reversed(pages))
         if still_reserved:
             self._promised += len(pages)
 
