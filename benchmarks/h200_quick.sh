@@ -16,7 +16,8 @@
 # Knobs: ARCHS (90a; "80;90a" for both), TESTS (1; 0 skips the tests), TEST_FILES
 # (tests/test_kernels_gpu.py), TEST_K (pytest -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, FLOORS_S s, 60), MEMCHECK_K (pytest -k of
 # the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest,
-# 60-200 s each):
+# 60-200 s each; the prefill words' pages are in order, as the engine's pool hands out a prompt's,
+# so the sm90 kernel's whole tiles go by TMA, except prefill-pages, which runs both orders):
 #   prefill      the sm90 kernel against mma.sync and cuDNN (causal, Qwen3-8B and SmolLM2 heads)
 #   prefill-cuts where the prefill's time goes: the sm90 kernel rebuilt without its K/V loads (1),
 #                without its softmax (2), without both (3), Qwen3-8B heads at 8K; wrong outputs,
@@ -105,7 +106,7 @@ profile() {  # name, kernel name regex, then kernel_bench.py's arguments
   ncu_one "$name" "$kernel" 3 python3 benchmarks/kernel_bench.py "$@" --out "$O/ncu_$name"
 }
 for b in ${BENCH:-}; do case $b in
-  prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare ;;
+  prefill) bench prefill --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare --page-order in-order ;;
   verify-splits) BENCH_S=150 BENCH_COLS=1- bench verify_splits --modes decode verify --shapes Qwen3-8B SmolLM2 \
       --ctxs 1024 4096 --batches 1 8 --splits 1 2 4 8 16 32 ;;  # every column: the forced counts' table too
   attention) bench attention --modes decode verify --shapes Qwen3-8B --ctxs 8192 --batches 1 8 32 ;;
@@ -115,7 +116,7 @@ for b in ${BENCH:-}; do case $b in
     for cut in 1 2 3; do
       sed -i "s/^#define DSPINE_SM90_CUTS .*/#define DSPINE_SM90_CUTS $cut/" $h
       build "$O/build_cut$cut.log" || { say "prefill-cuts: the build with cut $cut failed"; break; }
-      bench prefill_cut$cut --modes prefill --shapes Qwen3-8B --ctxs 8192 --sm90 compare
+      bench prefill_cut$cut --modes prefill --shapes Qwen3-8B --ctxs 8192 --sm90 compare --page-order in-order
     done
     sed -i "s/^#define DSPINE_SM90_CUTS .*/#define DSPINE_SM90_CUTS 0/" $h
     build "$O/build_cut0.log"; say "prefill-cuts: cuts back to 0, rebuilt (rc $?)" ;;
@@ -129,12 +130,12 @@ for b in ${BENCH:-}; do case $b in
       done
     done ;;
   prefill-async) (export DSPINE_SM90_ARRIVE=async
-    bench prefill_async --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare) ;;
+    bench prefill_async --modes prefill --shapes Qwen3-8B SmolLM2 --ctxs 4096 8192 --sm90 compare --page-order in-order) ;;
   ncu) profile sm90_prefill paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
-         --ctxs 8192 --sm90 on ;;
+         --ctxs 8192 --sm90 on --page-order in-order ;;
   ncu-async) (export DSPINE_SM90_ARRIVE=async
     profile sm90_prefill_async paged_attention_sm90 --attention-only --modes prefill --shapes Qwen3-8B \
-      --ctxs 8192 --sm90 on) ;;
+      --ctxs 8192 --sm90 on --page-order in-order) ;;
   segments)  # the row-exact segment size (default 256 keys) against SEGMENTS (128) at short contexts;
     # the columns shown are the exact modes' (18-19: row tiles, key split), which the size changes
     for seg in 256 ${SEGMENTS:-128}; do (export DSPINE_ATTN_EXACT_SEGMENT=$seg
