@@ -532,7 +532,7 @@ def main(argv=None) -> int:
                              "(DSPINE_ATTN_EXACT=1 row tiles, =2 key split)")
     parser.add_argument("--page-size", type=int, default=PAGE,
                         help="tokens per KV page of our kernels' paged cache (the engine's default: 16); "
-                             "the sm90 kernel's TMA boxes are as tall as the page allows, up to 128")
+                             "the sm90 kernel offers TMA loads at powers of two of at least 8")
     parser.add_argument("--page-order", choices=["shuffled", "in-order"], default="shuffled",
                         help="our paged cache's page tables: shuffled pages (every tile on scattered "
                              "pages), or each sequence's pages consecutive, as the engine's pool hands "
@@ -547,7 +547,8 @@ def main(argv=None) -> int:
     timer = Timer(iters=10 if args.quick else 20)
     device = torch.cuda.get_device_name()
     result = {"device": device, "date": datetime.date.today().isoformat(), "commit": git_commit(),
-              "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "sm90": args.sm90, "page_size": PAGE, "page_order": args.page_order,
+              "torch": torch.__version__, "cuda": torch.version.cuda, "quick": args.quick, "sm90": args.sm90,
+              "page_size": PAGE, "page_order": args.page_order,
               "command": " ".join(["python benchmarks/kernel_bench.py"] + (argv if argv is not None else sys.argv[1:]))}
     result["ceilings"] = measure_ceilings(timer)
     result["attention"] = []

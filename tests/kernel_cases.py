@@ -20,7 +20,6 @@ def paged_layout(kv_lens, page_size, num_pages_extra=3, gen=None, device="cpu", 
     max_pages = max(1, max(math.ceil(n / page_size) for n in kv_lens))
     need = sum(math.ceil(n / page_size) for n in kv_lens)
     total = need + num_pages_extra
-    perm = torch.randperm(total, generator=gen).tolist()
     if page_runs > 1:
         cuts, start = [], 0
         while start < total:
@@ -28,6 +27,8 @@ def paged_layout(kv_lens, page_size, num_pages_extra=3, gen=None, device="cpu", 
             cuts.append(list(range(start, min(start + length, total))))
             start += length
         perm = [page for i in torch.randperm(len(cuts), generator=gen).tolist() for page in cuts[i]]
+    else:
+        perm = torch.randperm(total, generator=gen).tolist()
     tables = torch.full((len(kv_lens), max_pages + 1), -1, dtype=torch.int32)
     it = iter(perm)
     for b, n in enumerate(kv_lens):

@@ -25,8 +25,8 @@ def attention_inputs(q_lens, kv_lens, q_heads, kv_heads, head_dim, page_size, dt
                      causal=True, window=0, q_row_pad=0, page_runs=1):
     """A paged attention case whose caches hold NaN at every key no query can see.
 
-    Pages are shuffled (in runs of 1..page_runs consecutive pages: paged_layout); pages wholly outside the window are marked -1 in the block table (the
-    kernel must never read them); slots past kv_len, below the window and in unused pages are NaN,
+    Pages are shuffled (in runs of 1..page_runs consecutive pages: paged_layout); pages wholly
+    outside the window are marked -1 in the block table (the kernel must never read them); slots past kv_len, below the window and in unused pages are NaN,
     so a kernel that reads one produces NaN. ``q_row_pad`` > 0 makes q a row view of a wider
     projection (stride(0) = q_heads * head_dim + q_row_pad elements), as a fused QKV output is.
     Returns (kernel_args, reference_args): device tensors, and CPU tensors with NaN replaced by 0

@@ -83,8 +83,8 @@ inline bool sm90_async_arrivals(int head_dim, const char* forced) {
 
 // Whether the sm90 producer may load whole tiles by TMA (attention_sm90.cuh, Sm90LoadMaps): one
 // 128-row box per 64 columns for each tile on 128 consecutive cache slots, the rest by cp.async.
-// The kernel checks a tile's pages with one lane each, so a tile may touch at most 32 pages:
-// pages of at least 8 keys (17 at most). forced: "cp.async" (DSPINE_SM90_LOADS, the tests and
+// The kernel checks a tile's pages with one lane each, so a tile may touch at most 32 pages, and
+// finds them by a shift: pages of a power of two of at least 8 keys (16 pages a tile at most). forced: "cp.async" (DSPINE_SM90_LOADS, the tests and
 // benchmarks run both) takes cp.async for every tile. Measured (H100, 32nd session, 8K prefill,
 // Qwen3-8B heads): 128-row boxes 975 us against cp.async's 1,150; 16-row boxes, one a page, were
 // 1,233-1,271, slower than cp.async, which is why a tile goes by TMA only whole.

@@ -192,8 +192,9 @@ __device__ __forceinline__ void sm90_load_tile(TS& dst, const void* cache, const
 // in ascending runs: kv_cache.py, PagePool). Why only whole runs: 16-row boxes, one per page of
 // 16, made the 8K prefill 12% slower than cp.async, where 128-row boxes made it 15% faster (H100,
 // 32nd session, `h200_quick.sh prefill-pages`). Each producer warp reads the table entries itself,
-// one a lane (the host allows TMA only for pages of at least 8 keys: at most 17 pages a tile), so
-// all four agree without a barrier; read before the producer waits for a stage, as KeyRun is.
+// one a lane (the host allows TMA only for power-of-two pages of at least 8 keys: at most 16
+// pages a tile), so all four agree without a barrier; read before the producer waits for a
+// stage, as KeyRun is.
 template <typename C>
 __device__ __forceinline__ int sm90_tile_slot(const PagedAttentionParams& p, const CtaWork& w, const int32_t* table,
                                               bool tma, int tile) {

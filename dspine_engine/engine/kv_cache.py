@@ -77,7 +77,7 @@ class PagePool:
         table order): pages handed out as an ascending run come back out as one. A prompt's pages
         taken together are then mostly consecutive, and the Hopper attention kernel loads a key
         tile on consecutive pages by TMA, which is faster than gathering it page by page
-        (docs/DECISIONS.md, "Pages leave the pool in ascending runs")."""
+        (docs/DECISIONS.md, "Whole K/V tiles by TMA when their pages are consecutive")."""
         self._free.extend(reversed(pages))
         if still_reserved:
             self._promised += len(pages)
