@@ -44,10 +44,10 @@ using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
     (const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,                  \
      const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,          \
      int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len,           \
-     bool exact),                                                                                \
+     bool exact, bool prefill),                                                                  \
     "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor kv_lens, "          \
     "Tensor cu_q, int max_q_len, bool causal, int window, float scale, int max_kv_len=0, "      \
-    "bool exact=False) -> Tensor")                                                              \
+    "bool exact=False, bool prefill=False) -> Tensor")                                          \
   X(silu_mul, at::Tensor, (const at::Tensor& x), "(Tensor x) -> Tensor")                        \
   X(fused_injection, at::Tensor, (const at::Tensor& h, const at::Tensor& gate_h, const at::Tensor& fproj), \
     "(Tensor h, Tensor gate_h, Tensor fproj) -> Tensor")                                        \

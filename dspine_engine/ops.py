@@ -190,7 +190,7 @@ def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict 
 
 def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len: int,
                     causal: bool, window: int, scale: float, max_kv_len: int = 0,
-                    exact: bool = False) -> torch.Tensor:
+                    exact: bool = False, prefill: bool = False) -> torch.Tensor:
     """Attention of varlen queries against a paged KV cache (GQA).
 
     ``q [Nq, Hq, D]``; sequence b owns query rows ``cu_q[b]:cu_q[b+1]`` (n_b rows) and keys
@@ -211,14 +211,18 @@ def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len:
     rows, so a row verified in a 16-token block is bitwise the row decoded alone: greedy
     speculative output then equals autoregressive output token for token (docs/DECISIONS.md,
     "Row-exact attention by default"). ``DSPINE_ATTN_EXACT=1`` turns it on for every call.
+    ``prefill`` says the call is a prompt's prefill, whose rows no other call computes: on Hopper
+    the wgmma kernel takes every such call it supports (bf16/fp16, head dim 64/128, no window),
+    exact or not, since it sums each row over fixed key tiles whatever the call's other rows
+    (``DSPINE_ATTN_SM90=0`` keeps it off). The result is the same attention either way.
     The caches have q's dtype, or (CPU only) are fp16 under fp32 q: their rows are widened to
     fp32 exactly and the output is fp32 (the GGUF path's fp16 cache); CUDA refuses the mix."""
     return _ops.paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
-                                causal, window, scale, max_kv_len, exact)
+                                causal, window, scale, max_kv_len, exact, prefill)
 
 
 def paged_attention_ref(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len,
-                        causal, window, scale, max_kv_len=0, exact=False):
+                        causal, window, scale, max_kv_len=0, exact=False, prefill=False):
     out = torch.zeros_like(q)
     page_size = k_cache.shape[1]
     group = q.shape[1] // k_cache.shape[2]
@@ -1006,7 +1010,7 @@ def _register_fakes() -> None:
         return q.new_empty(q.shape)
 
     @reg(lib + "paged_attention")
-    def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale, max_kv_len=0, exact=False):
+    def _(q, kc, vc, bt, kl, cu, mq, causal, window, scale, max_kv_len=0, exact=False, prefill=False):
         return torch.empty_like(q)
 
     @reg(lib + "silu_mul")

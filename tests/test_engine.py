@@ -124,6 +124,35 @@ def test_bad_request_does_not_stop_the_batch(tiny_llama):
     assert not eng.has_unfinished()
 
 
+def test_only_the_prompts_prefill_calls_attention_as_a_prefill(tiny_llama, tmp_path, monkeypatch):
+    """The target tells the attention op which calls prefill a prompt (AttnMeta.prefill): on
+    Hopper those take the wgmma kernel even in exact mode, which is right only because their rows
+    are computed there and nowhere else. Speculative rounds, plain decode steps and the draft's
+    own attention must never say so."""
+    from dspine_engine.models import target as target_module
+    from random_drafts import write_tiny_random_draft
+
+    seen = []
+    real = target_module.ops.paged_attention
+
+    def recording(*args, **kwargs):
+        seen.append((bool(args[12]) if len(args) > 12 else kwargs.get("prefill", False), args[6]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target_module.ops, "paged_attention", recording)
+    draft = write_tiny_random_draft(tmp_path / "draft", seed=3)
+    for kwargs in ({}, {"draft": draft}):
+        seen.clear()
+        eng = Engine(tiny_llama, progress=False, page_size=16, **kwargs)
+        eng.generate(["one two three", "a longer prompt of several words"],
+                     SamplingParams(max_tokens=6, ignore_eos=True))
+        layers = eng.target.config.num_layers
+        prefills = [rows for flag, rows in seen if flag]
+        assert prefills and len(prefills) % layers == 0, kwargs  # prefill batches, a call a layer
+        assert all(rows > 1 for rows in prefills), prefills
+        assert len(seen) > len(prefills)  # the decode steps / rounds ran, as non-prefills
+
+
 def test_kv_pool_exhaustion_queues_then_serves(tiny_llama):
     # Each request reserves prompt + 200 + 1 tokens; the pool holds two at a time.
     eng = Engine(tiny_llama, progress=False, kv_cache_tokens=16 * 30, page_size=16)

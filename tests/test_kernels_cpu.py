@@ -370,16 +370,22 @@ def test_a_seen_nan_reaches_the_output(poisoned, isa, monkeypatch):
         assert torch.isnan(windowed[:2]).all() and torch.isfinite(windowed[2:]).all()
 
 
-def test_paged_attention_exact_flag_on_the_cpu():
-    """The CPU sums every row one way already: exact=True is the same computation, bit for bit;
-    the flag reaches the op through its schema (keyword and position) and its fake."""
+def test_paged_attention_exact_and_prefill_flags_on_the_cpu():
+    """The CPU sums every row one way already: exact=True and prefill=True are the same
+    computation, bit for bit; the flags reach the op through its schema (keyword and position)
+    and its fake."""
     q, kc, vc, bt, kl, cu, mq = attention_case([5, 1], [40, 23], 4, 2, 64, 16, torch.float32, DEV, 3)
     fast = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125)
     assert torch.equal(ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125, exact=True), fast)
+    assert torch.equal(ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125, exact=True, prefill=True),
+                       fast)
     assert torch.equal(torch.ops.dspine.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125, 0, True), fast)
+    assert torch.equal(torch.ops.dspine.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, 0.125, 0, True, True),
+                       fast)
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fq, fk, fv, fb, fl, fc = (mode.from_tensor(t) for t in (q, kc, vc, bt, kl, cu))
-        assert ops.paged_attention(fq, fk, fv, fb, fl, fc, mq, True, 0, 0.125, exact=True).shape == q.shape
+        assert ops.paged_attention(fq, fk, fv, fb, fl, fc, mq, True, 0, 0.125, exact=True,
+                                   prefill=True).shape == q.shape
 
 
 def test_paged_attention_rejects_bad_metadata():

@@ -690,24 +690,33 @@ def test_sm90_arrive_modes_agree_bitwise(case, page_runs, monkeypatch):
 
 @needs_sm90
 def test_sm90_dispatch_heuristic_and_fallbacks(monkeypatch):
-    """Unset (the default): even a long prefill stays on mma.sync (the heuristic depends on the
-    batch). auto: a long prefill (row tiles fill the GPU) takes the sm90 path, a decode batch
-    does not. Forced on: fp32, head dim 256, sliding windows and decode still run the existing
-    kernels (correctly)."""
+    """Unset (the default): a long call that is not a prefill stays on mma.sync, exact or not
+    (the heuristic depends on the batch); a prefill takes the sm90 path, exact or not, even a
+    one-token one; DSPINE_ATTN_SM90=0 keeps a prefill off it. auto: a long non-prefill call (row
+    tiles fill the GPU) takes the sm90 path, a decode batch does not. Forced on: fp32, head dim
+    256, sliding windows and decode still run the existing kernels (correctly)."""
     long_prefill = ("prefill_gqa4_hd128_2k", [2048], [2048], 32, 8, 128, 16, True, 0)
-    runs = [(None, long_prefill, torch.bfloat16, 0),
-            ("auto", long_prefill, torch.bfloat16, 1),
-            ("auto", ("decode_gqa4", [1] * 4, [3000] * 4, 32, 8, 128, 16, True, 0), torch.bfloat16, 0)]
-    for env, case, dtype, expect in runs:
+    one_token = ("one_token_prompt", [1], [1], 32, 8, 128, 16, True, 0)
+    decode = ("decode_gqa4", [1] * 4, [3000] * 4, 32, 8, 128, 16, True, 0)
+    # (DSPINE_ATTN_SM90, case, prefill, exact, sm90 launches expected)
+    runs = [(None, long_prefill, False, False, 0), (None, long_prefill, False, True, 0),
+            (None, long_prefill, True, True, 1), (None, long_prefill, True, False, 1),
+            (None, one_token, True, True, 1), ("0", long_prefill, True, True, 0),
+            ("auto", long_prefill, False, False, 1), ("auto", decode, False, False, 0)]
+    for env, case, prefill, exact, expect in runs:
         if env is None:
             monkeypatch.delenv("DSPINE_ATTN_SM90", raising=False)
         else:
             monkeypatch.setenv("DSPINE_ATTN_SM90", env)
+        _, q_lens, kv_lens, hq, hkv, d, ps, causal, window = case
+        dev_args, ref_args = attention_inputs(q_lens, kv_lens, hq, hkv, d, ps, torch.bfloat16, DEV, 7)
         before = _sm90_launches()
-        got, ref = _run_attention(case, dtype, seed=7)
+        got = ops.paged_attention(*dev_args, causal, window, 1 / math.sqrt(d), 0, exact, prefill)
         torch.cuda.synchronize()
-        assert _sm90_launches() == before + expect, case[0]
-        assert rel_err_fp32(got, ref) < TOL[dtype]
+        assert _sm90_launches() == before + expect, (env, case[0], prefill, exact)
+        q, kc, vc, *meta = ref_args
+        ref = ops.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta, causal, window, 1 / math.sqrt(d))
+        assert rel_err_fp32(got, ref) < TOL[torch.bfloat16]
     monkeypatch.setenv("DSPINE_ATTN_SM90", "1")
     unsupported = [
         (("fp32_prefill", [300], [300], 8, 2, 128, 16, True, 0), torch.float32),
@@ -721,6 +730,42 @@ def test_sm90_dispatch_heuristic_and_fallbacks(monkeypatch):
         torch.cuda.synchronize()
         assert _sm90_launches() == before, case[0]
         assert rel_err_fp32(got, ref) < TOL[dtype]
+
+
+@needs_sm90
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_sm90_prefill_rows_do_not_depend_on_the_batch(head_dim, monkeypatch):
+    """The engine's prefill takes the wgmma kernel in exact mode because each row is summed over
+    the same absolute key tiles whatever the call's other rows: a prompt prefilled alone must be
+    bit for bit the same prompt prefilled beside longer and shorter ones (another max_q_len,
+    another grid, other neighbours in its CTAs' key ranges) and in another place of the batch."""
+    monkeypatch.delenv("DSPINE_ATTN_SM90", raising=False)
+    hq, hkv = (9, 3) if head_dim == 64 else (32, 8)
+    prompt, others = 333, [1, 700, 64, 2048]
+    scale = 1 / math.sqrt(head_dim)
+
+    def prefill(lens, seed):
+        dev_args, _ = attention_inputs(lens, lens, hq, hkv, head_dim, 16, torch.bfloat16, DEV, seed,
+                                       page_runs=20)
+        return dev_args
+
+    alone = prefill([prompt], 5)
+    q0, kc0, vc0, bt0 = alone[0], alone[1], alone[2], alone[3]
+    before = _sm90_launches()
+    ref = ops.paged_attention(*alone, True, 0, scale, prompt, True, True)
+    for position in (0, 2):
+        lens = others[:position] + [prompt] + others[position:]
+        batch = prefill(lens, 6 + position)
+        q, kc, vc, bt, kl, cu, mq = batch
+        start = sum(lens[:position])
+        q[start:start + prompt] = q0  # the prompt's own queries, keys and values
+        rows = bt[position, : bt0.shape[1] - 1].long()
+        kc[rows] = kc0[bt0[0, : rows.numel()].long()]
+        vc[rows] = vc0[bt0[0, : rows.numel()].long()]
+        got = ops.paged_attention(q, kc, vc, bt, kl, cu, mq, True, 0, scale, max(lens), True, True)
+        torch.cuda.synchronize()
+        assert torch.equal(got[start:start + prompt], ref), position
+    assert _sm90_launches() == before + 3, "the prefills did not all take the sm90 path"
 
 
 @needs_sm90

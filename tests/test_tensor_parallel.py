@@ -108,6 +108,26 @@ def _refuse_start(monkeypatch):
     monkeypatch.setattr(workers, "_Worker", no_worker)
 
 
+@pytest.mark.parametrize("prefill", [True, False])
+def test_a_forwards_metadata_reaches_the_workers_whole(prefill):
+    """Rank 0 packs a forward's metadata into one header and one tensor; the worker's AttnMeta
+    must equal rank 0's in every field its kernels read (the split plan's max_kv_len and the
+    prefill flag choose kernels: ranks that chose differently would round their heads apart)."""
+    from dspine_engine.distributed.protocol import pack_forward, unpack_forward
+
+    i32 = torch.int32
+    meta = AttnMeta(torch.tensor([0, 1, 2, 0, 1], dtype=i32), torch.tensor([0, 1, 2, 16, 17], dtype=i32),
+                    torch.tensor([[0, 2], [1, 3]], dtype=i32), torch.tensor([3, 2], dtype=i32),
+                    torch.tensor([0, 3, 5], dtype=i32), 3, causal=True, max_kv_len=3, prefill=prefill)
+    tokens, rows = torch.tensor([5, 6, 7, 8, 9]), torch.tensor([2, 4])
+    header, flat = pack_forward(tokens, meta, rows)
+    got_tokens, got, got_rows = unpack_forward(header, flat)
+    assert torch.equal(got_tokens, tokens) and torch.equal(got_rows, rows)
+    for name in ("positions", "slots", "block_tables", "kv_lens", "cu_q"):
+        assert torch.equal(getattr(got, name), getattr(meta, name)), name
+    assert (got.max_q_len, got.causal, got.max_kv_len, got.prefill) == (3, True, 3, prefill)
+
+
 @pytest.mark.parametrize("size,message", [
     (3, "tensor_parallel_size 3 does not divide the target's num_attention_heads (4)"),
     (4, "tensor_parallel_size 4 does not divide the target's num_key_value_heads (2)"),

@@ -132,7 +132,7 @@ at::Tensor rope_write_kv(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
                            int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len,
-                           bool /*exact: every CPU row is summed one way already*/) {
+                           bool /*exact: every CPU row is summed one way already*/, bool /*prefill: likewise*/) {
   check_attention_args(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_kv_len);
   auto out = at::zeros({q.size(0), q.size(1), q.size(2)}, q.options());
   auto bt = block_tables.contiguous(), kl = kv_lens.contiguous(), cq = cu_q.contiguous();

@@ -45,7 +45,7 @@ at::Tensor attention(const LayerArgs& a, const Layer& l, const at::Tensor& x, co
   const auto v = kvx.slice(1, kvd).view({n, a.kv_heads, a.head_dim});
   write_kv(k, v, kv_positions, cos_sin, k_cache, v_cache, kv_slots, *l.k_norm, a.eps);
   const auto attn = paged_attention(q, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len, false,
-                                    window, scale, max_kv_len, /*exact=*/false);
+                                    window, scale, max_kv_len, /*exact=*/false, /*prefill=*/false);
   return quant_matmul(attn.view({x.size(0), -1}), *l.o, a.format, h);
 }
 

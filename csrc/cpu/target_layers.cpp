@@ -41,7 +41,7 @@ at::Tensor attention(const Shapes& s, const at::Tensor* w, const std::string* fm
   const auto rotated =
       rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, slots, std::nullopt, std::nullopt, 0.0);
   const auto attn = paged_attention(rotated, k_cache, v_cache, block_tables, kv_lens, cu_q, max_q_len, causal,
-                                    window, scale, max_kv_len, /*exact=*/false);
+                                    window, scale, max_kv_len, /*exact=*/false, /*prefill=*/false);
   return quant_matmul(attn.view({n, q_size}), w[1], fmt[1], x.size(1));
 }
 

@@ -17,6 +17,10 @@ enum class AttentionPath { kSimt = 0, kMma = 1, kSm90 = 2 };
 struct AttentionShape {
   bool half_precision;  // bf16 / fp16 (fp32 always runs on CUDA cores)
   int head_dim, q_heads, kv_heads, batch, max_q_len, window;
+  // A prompt's prefill: every row of these sequences is computed by this call and by no other
+  // (the engine prefills whole prompts and never preempts), so which kernel computes them may
+  // follow the call's kind without a row ever meeting its other rounding.
+  bool prefill = false;
 };
 
 struct AttentionDevice {
@@ -24,13 +28,16 @@ struct AttentionDevice {
   bool sm90_runnable;  // the sm_90a image of the kernel exists and runs on this device
 };
 
-// DSPINE_ATTN_SM90: 0 (or unset) never the sm90 path, 1 the sm90 path for every shape it
-// supports (tests compare the two paths on the same inputs with it), auto the heuristic below.
-// Off by default: the heuristic looks at the whole batch (its tile count), so the same prompt
-// could be prefilled by wgmma in one batch and by mma.sync alone, and bf16 rounds the two
-// differently: a prompt's greedy answer would depend on its neighbours (docs/DECISIONS.md,
-// "Attention dispatch never depends on the batch").
+// DSPINE_ATTN_SM90: unset the default below, 0 never the sm90 path, 1 the sm90 path for every
+// shape it supports (tests compare the two paths on the same inputs with it), auto the
+// batch-dependent heuristic below. The default takes the sm90 path for prefill calls only, every
+// one whose dtype, head dim and window it supports, whatever its rows and batch: the choice then
+// follows the model and the call's kind, never the neighbours (docs/DECISIONS.md, "Attention
+// dispatch never depends on the batch", and "Prefill on the wgmma kernel by default"). The
+// heuristic looks at the whole batch (its tile count), so under auto the same rows could go
+// either way in two batches, and bf16 rounds the two kernels differently.
 constexpr int kSm90Auto = -1;
+constexpr int kSm90Default = -2;
 
 // Rows (query, head pairs) of the sm90 kernel's tile: 2 consumer warpgroups x 64 rows.
 constexpr int kSm90BlockM = 128;
@@ -41,13 +48,15 @@ constexpr int kSm90BlockM = 128;
 //   yet: enabling them is this line plus window cases in the GPU tests;
 // - head dims other than 64 / 128 (256 would need a smaller key tile to fit two stages);
 // - blocks of <= 16 rows (decode, short verify blocks): the key-split mma.sync variant exists for
-//   them, and a 128-row wgmma tile would be mostly padding.
+//   them, and a 128-row wgmma tile would be mostly padding. A prefill takes the sm90 path at any
+//   row count (even a one-token prompt), or its rows would go one way or the other with the
+//   batch's longest prompt.
 inline bool attention_sm90_supports(const AttentionShape& s) {
   if (!s.half_precision || s.window > 0) return false;
   if (s.head_dim != 64 && s.head_dim != 128) return false;
   if (s.kv_heads <= 0 || s.q_heads % s.kv_heads != 0) return false;
   const int64_t rows = static_cast<int64_t>(s.max_q_len) * (s.q_heads / s.kv_heads);
-  return rows > 16;
+  return s.prefill ? rows > 0 : rows > 16;
 }
 
 inline AttentionPath choose_attention_path(const AttentionShape& s, const AttentionDevice& d, int forced_sm90) {
@@ -55,7 +64,8 @@ inline AttentionPath choose_attention_path(const AttentionShape& s, const Attent
   if (!mma) return AttentionPath::kSimt;
   const bool hopper = d.cc_major == 9 && d.cc_minor == 0 && d.sm90_runnable;
   if (!hopper || forced_sm90 == 0 || !attention_sm90_supports(s)) return AttentionPath::kMma;
-  if (forced_sm90 == 1) return AttentionPath::kSm90;
+  if (forced_sm90 == 1 || s.prefill) return AttentionPath::kSm90;
+  if (forced_sm90 == kSm90Default) return AttentionPath::kMma;
   // Heuristic: the sm90 kernel never splits keys, so it only pays when its row tiles alone fill
   // the GPU (one CTA per SM: 160 KB of shared memory at head dim 128). A smaller grid (a short
   // prefill chunk, a verify block of a few sequences) keeps the split-KV mma.sync kernel.

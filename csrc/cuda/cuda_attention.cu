@@ -18,12 +18,14 @@ namespace cuda {
 // aid: every count gives the same result up to fp32 rounding; 0 or unset keeps the heuristic).
 static int forced_splits() { return std::max(0, std::min(128, env_int("DSPINE_ATTN_SPLITS", 0))); }
 
-// DSPINE_ATTN_SM90 unset or 0 keeps every call off the Hopper wgmma kernel, =1 sends it every
-// shape it supports, =auto lets the batch-dependent heuristic choose (attention_heuristics.h says
-// why that is opt-in).
+// DSPINE_ATTN_SM90 unset: the Hopper wgmma kernel takes prefill calls (every one it supports)
+// and nothing else; =0 keeps every call off it, =1 sends it every shape it supports, =auto adds
+// the batch-dependent heuristic for the other calls (attention_heuristics.h says why that is
+// opt-in).
 static int forced_sm90() {
   const char* env = std::getenv("DSPINE_ATTN_SM90");
-  if (env && std::strcmp(env, "auto") == 0) return gpu::kSm90Auto;
+  if (env == nullptr || env[0] == '\0') return gpu::kSm90Default;
+  if (std::strcmp(env, "auto") == 0) return gpu::kSm90Auto;
   return env_int("DSPINE_ATTN_SM90", 0) != 0 ? 1 : 0;
 }
 
@@ -51,11 +53,11 @@ static int exact_segment_keys() {
 // Launches the Hopper wgmma kernel where the dispatch (attention_heuristics.h) picks it for p;
 // false where the mma.sync or CUDA-core kernels run p instead.
 template <typename T>
-static bool launched_sm90(gpu::PagedAttentionParams& p) {
+static bool launched_sm90(gpu::PagedAttentionParams& p, bool prefill) {
   if constexpr (std::is_same<T, float>::value) {
     return false;
   } else {
-    const gpu::AttentionShape shape{true, p.head_dim, p.q_heads, p.kv_heads, p.batch, p.max_q_len, p.window};
+    const gpu::AttentionShape shape{true, p.head_dim, p.q_heads, p.kv_heads, p.batch, p.max_q_len, p.window, prefill};
     const int forced = forced_sm90();
     gpu::AttentionDevice dev{0, 0, num_sms(), false};
     dev.cc_major = device_attribute(cudaDevAttrComputeCapabilityMajor);
@@ -73,7 +75,7 @@ static bool launched_sm90(gpu::PagedAttentionParams& p) {
 at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& kv_lens, const at::Tensor& cu_q,
                            int64_t max_q_len, bool causal, int64_t window, double scale, int64_t max_kv_len,
-                           bool exact_arg) {
+                           bool exact_arg, bool prefill) {
   check_device("paged_attention", q_in, k_cache, v_cache, block_tables, kv_lens, cu_q);
   const c10::cuda::CUDAGuard guard(q_in.device());
   check_attention_args(q_in, k_cache, v_cache, block_tables, kv_lens, cu_q, max_kv_len);
@@ -114,10 +116,14 @@ at::Tensor paged_attention(const at::Tensor& q_in, const at::Tensor& k_cache, co
   TORCH_CHECK(max_q_len * (p.q_heads / p.kv_heads) <= 64LL * 65535, "paged_attention: max_q_len is too large");
   const int exact_mode = exact_env();
   const bool exact = exact_arg || exact_mode != 0;
+  // The wgmma kernel sums each row over absolute 128-key tiles from the first key, whatever the
+  // call's other rows, so a prefill is exact on it too; DSPINE_ATTN_EXACT still forces the
+  // mma.sync row-exact path everywhere (a measurement).
+  const bool sm90_allowed = exact_mode == 0 && (!exact_arg || prefill);
   at::Tensor workspace;
   dispatch_float(q.scalar_type(), "paged_attention", [&](auto tag) {
     using T = decltype(tag);
-    if (!exact && launched_sm90<T>(p)) return;
+    if (sm90_allowed && launched_sm90<T>(p, prefill)) return;
     if (!(exact && gpu::plan_exact_segments<T>(p, max_kv_len, exact_mode == 2, exact_segment_keys())))
       gpu::plan_attention_splits<T>(p, num_sms(), max_kv_len, forced_splits());
     if (p.num_splits > 1) {

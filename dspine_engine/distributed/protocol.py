@@ -26,6 +26,8 @@ class ForwardHeader:
     max_q_len: int
     causal: bool
     logit_rows: int  # -1: logits of every row
+    max_kv_len: int = 0  # AttnMeta's: the split plan's bound, the same on every rank
+    prefill: bool = False  # AttnMeta's: every rank's attention takes the same kernel
 
     @property
     def sizes(self) -> list[int]:
@@ -41,7 +43,7 @@ def pack_forward(tokens: torch.Tensor, meta: AttnMeta,
         raise ValueError("a recurrent-state forward cannot be tensor-parallel")
     b, width = meta.block_tables.shape
     header = ForwardHeader(tokens.shape[0], b, width, meta.max_q_len, meta.causal,
-                           -1 if logit_rows is None else logit_rows.shape[0])
+                           -1 if logit_rows is None else logit_rows.shape[0], meta.max_kv_len, meta.prefill)
     pieces = [tokens, meta.positions, meta.slots, meta.block_tables, meta.kv_lens, meta.cu_q]
     if logit_rows is not None:
         pieces.append(logit_rows)
@@ -54,7 +56,8 @@ def unpack_forward(header: ForwardHeader, flat: torch.Tensor):
     i32 = torch.int32
     meta = AttnMeta(positions.to(i32), slots.to(i32),
                     tables.to(i32).view(header.batch, header.table_width), kv_lens.to(i32),
-                    cu_q.to(i32), header.max_q_len, causal=header.causal)
+                    cu_q.to(i32), header.max_q_len, causal=header.causal, max_kv_len=header.max_kv_len,
+                    prefill=header.prefill)
     return tokens.clone(), meta, (rows.clone() if header.logit_rows >= 0 else None)
 
 

@@ -118,7 +118,7 @@ class ModelRunner:
         meta = AttnMeta(self._ints(positions), self._ints(slots),
                         self._tables(self.cache.target, self._ints(seats), width),
                         self._ints(lens), self._ints(cu), max(lens), causal=True,
-                        max_kv_len=max(lens))
+                        max_kv_len=max(lens), prefill=True)
         if self.cache.recurrent is not None:  # prompts run through the state, no checkpoint
             meta.recurrent = self.cache.recurrent.meta(
                 self._ints(self.cache.recurrent.slots(seats)), checkpoint=False)

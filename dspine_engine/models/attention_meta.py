@@ -28,6 +28,9 @@ class AttnMeta:
     causal: bool = True
     recurrent: RecurrentMeta | None = None  # hybrid targets: where each sequence's state lives
     max_kv_len: int = 0
+    # A prompt's prefill: these rows are computed here and nowhere else (whole prompts, no
+    # preemption), so attention may take the Hopper prefill kernel (ops.paged_attention, prefill).
+    prefill: bool = False
 
     @property
     def num_tokens(self) -> int:

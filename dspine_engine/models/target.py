@@ -207,8 +207,8 @@ class TargetModel:
                               layer.q_norm, layer.k_norm, cfg.rms_norm_eps)
         attn = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.kv_lens,
                                    meta.cu_q, meta.max_q_len, meta.causal, layer.window,
-                                   self.scale, meta.max_kv_len,
-                                   self.exact_attention).view(n, q_size)
+                                   self.scale, meta.max_kv_len, self.exact_attention,
+                                   meta.prefill).view(n, q_size)
         if layer.output_gate:
             attn = attn * torch.sigmoid(qkv[:, q_size + 2 * kv_size:])
         return layer.o(attn)
