@@ -32,7 +32,8 @@
 #               (pytest -k; TEST_S the tests' time limit, 400 s: at 300 s the 2026-12-04 run
 #               stopped at ~97% with 8 workers, no failure; now 12 workers), then memcheck over
 #               the tests MEMCHECK_K selects (default: the RoPE, walk and exact-segment ones;
-#               MEMCHECK_S, 120 s).                                                  ~9 min
+#               MEMCHECK_S, 120 s). GPU_ONLY=1 stops after the GPU tests and memcheck (no
+#               quantised CPU tests, AddressSanitizer build or serve benchmark).      ~9 min
 #   measure     acceptance on HumanEval/MT-Bench at T=0/1 for both drafters, GPU lossless
 #               check, end to end AR vs DSpine (fixed and dynamic verification, answers ending
 #               at EOS), the step table, training speed;
@@ -70,6 +71,9 @@
 #               MEASURE="prefill" (not in the default set): kernel_bench.py --modes prefill
 #               --sm90 compare: the wgmma kernel beside mma.sync and the SDPA backends (issue 12
 #               item 1; the sm90 path is opt-in, DSPINE_ATTN_SM90).                   ~3 min
+#               MEASURE="ttft" (not in the default set): benchmarks/prefill_ttft.py: time to
+#               first token of 1K-8K prompts on the default model, prefill attention on the
+#               wgmma kernel (the default on sm_90) against mma.sync (DSPINE_ATTN_SM90=0). ~2 min
 #               MEASURE="tp" (not in the default set; a multi-GPU kind): benchmarks/tp_bench.py
 #               --device cuda, TP = 1, 2, 4, 8 up to the GPUs, batch 1/8/32, the Qwen3-8B shape
 #               with a random 5-layer draft (issue 15; DSPINE_TP_CUDA=1 for its first runs). ~8 min
@@ -309,8 +313,8 @@ fi
 if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the CPU's own ISA
   sync_tree; cd $W
   # Beside the GPU tests: a CPU-only AddressSanitizer build for the quantised kernels' tests.
-  rm -rf /tmp/asan && mkdir -p /tmp/asan && tar --exclude=./build --exclude='*.so' -cf - . | (cd /tmp/asan && tar xf -)
-  (cd /tmp/asan && DSPINE_CUDA=0 DSPINE_SANITIZE=address MAX_JOBS=4 setsid nohup python3 setup.py build_ext --inplace > $S/asan_build.log 2>&1; echo $? > $S/asan_build.rc) >/dev/null 2>&1 < /dev/null &
+  [ "${GPU_ONLY:-0}" = 1 ] || { rm -rf /tmp/asan && mkdir -p /tmp/asan && tar --exclude=./build --exclude='*.so' -cf - . | (cd /tmp/asan && tar xf -)
+  (cd /tmp/asan && DSPINE_CUDA=0 DSPINE_SANITIZE=address MAX_JOBS=4 setsid nohup python3 setup.py build_ext --inplace > $S/asan_build.log 2>&1; echo $? > $S/asan_build.rc) >/dev/null 2>&1 < /dev/null & }
   wait_build
   convert_model >/dev/null || exit 1
   # A hung kernel fails its test, not the call (pytest-timeout, from .whl, where staged).
@@ -324,6 +328,7 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
       tests/test_kernels_gpu.py -k "($MEMCHECK_K) and not outside_the_table" > $R/logs/memcheck.log 2>&1
     say "memcheck rc $? : $(grep -E 'ERROR SUMMARY|passed|failed' $R/logs/memcheck.log | tail -2 | tr '\n' ' ')"
   fi
+  [ "${GPU_ONLY:-0}" = 1 ] && { pack; exit 0; }  # the engine's GPU tests alone (a dispatch change)
   quant_cpu_tests; pack
   while [ ! -f $S/asan_build.rc ]; do sleep 2; done
   (cd /tmp/asan && PYTHONPATH=/tmp/asan:/root/site LD_PRELOAD=$($HOST_CXX -print-file-name=libasan.so):$CXX_LIB \
@@ -452,6 +457,9 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
   timeout 240 python3 benchmarks/kernel_bench.py --attention-only --modes prefill --sm90 compare \
     --out $R/prefill > $R/logs/kernel_prefill.log 2>&1
   say "kernel prefill rc $?"; sed -n '/^| shape/,/^$/p' $R/logs/kernel_prefill.log | head -20; pack;; esac
+  case " $MEASURE " in *" ttft "*)  # the engine's prefill on the wgmma kernel vs mma.sync (default model)
+  timeout 240 python3 benchmarks/prefill_ttft.py --out $R --no-doc > $R/logs/prefill_ttft.log 2>&1
+  say "prefill ttft rc $?"; sed -n '/^| prompt/,/^wrote/p' $R/logs/prefill_ttft.log; pack;; esac
   case " $MEASURE " in *" tp "*)  # issue 15: the engine at TP = 1, 2, 4, 8 (as the GPUs allow)
   sizes=$(for n in 1 2 4 8; do [ $n -le $GPUS ] && echo -n "$n "; done)
   DSPINE_TP_CUDA=1 timeout 480 python3 benchmarks/tp_bench.py --device cuda --tp $sizes --draft \

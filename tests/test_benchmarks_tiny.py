@@ -246,3 +246,19 @@ def test_the_sm90_kernel_is_built_with_no_part_cut():
     assert defines == [["#define", "DSPINE_SM90_CUTS", "0"]]
     quick = (BENCHMARKS / "h200_quick.sh").read_text()
     assert 's/^#define DSPINE_SM90_CUTS .*/#define DSPINE_SM90_CUTS 0/' in quick  # the word restores it
+
+
+def test_prefill_ttft_rows_on_a_tiny_target(tiny_llama, tmp_path, capsys):
+    """benchmarks/prefill_ttft.py at its smallest on the CPU: a row per length and batch, both
+    settings timed, and (the knob being CUDA-only) both choosing the same first tokens."""
+    import prefill_ttft
+
+    assert prefill_ttft.main(["--target", str(tiny_llama), "--device", "cpu", "--dtype", "float32",
+                              "--lengths", "12", "30", "--batches", "1", "2", "--reps", "2",
+                              "--out", str(tmp_path), "--no-doc"]) == 0
+    rows = json.loads((tmp_path / "prefill_ttft_cpu.json").read_text())["rows"]
+    assert [(r["length"], r["batch"]) for r in rows] == [(12, 1), (12, 2), (30, 1), (30, 2)]
+    for r in rows:
+        assert all(ms > 0 for ms in r["ms"].values()) and len(r["ms"]) == 2
+        assert r["same_first_tokens"] is True
+    assert "| prompt tokens | batch |" in capsys.readouterr().out
