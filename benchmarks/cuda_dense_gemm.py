@@ -7,8 +7,9 @@ As in the engine's rounds, the weights are cold: each timed CUDA graph runs the 
 distinct copies of the weight (>= --cold-mb MB together) that none is still in L2 when its turn
 comes, back to back; a call's time is the graph's over the copies. Also reported: whether each
 row of a call is bitwise the row computed alone (ours by construction; cuBLAS's choice of kernel
-changes with the rows). Ours runs both ways it can stream (register batches; a cp.async ring,
-DSPINE_DENSE_RING=1). Writes benchmarks/results/cuda_dense_gemm.json (or --out DIR) and prints a
+changes with the rows). Ours runs every way it has: on Hopper the TMA / wgmma kernel (the default
+there, dense_sm90.cuh), and the mma.sync kernel's two ways of streaming (register batches; a
+cp.async ring, DSPINE_DENSE_RING=1; both with DSPINE_DENSE_SM90=0). Writes benchmarks/results/cuda_dense_gemm.json (or --out DIR) and prints a
 markdown table.
 
     python benchmarks/cuda_dense_gemm.py [--rows 1 8 16 32 64 128] [--shapes NAME ...]
@@ -17,6 +18,7 @@ markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -70,7 +72,31 @@ def copy_ceiling_GBps() -> float:
     return 2 * n * 2 / us / 1e3
 
 
-def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int) -> dict:
+@contextlib.contextmanager
+def knobs(**env):
+    """The kernels' environment knobs for the graphs captured inside (read at capture)."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def hopper_kernel_runs() -> bool:
+    from dspine_engine import ops
+
+    before = torch.ops.dspine.dense_sm90_launches()
+    ops.dense_matmul(torch.ones(1, 32, dtype=torch.bfloat16, device="cuda"),
+                     torch.ones(8, 32, dtype=torch.bfloat16, device="cuda"), 8)
+    return torch.ops.dspine.dense_sm90_launches() > before
+
+
+def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: bool) -> dict:
     from dspine_engine import ops
 
     k, n = SHAPES[name]
@@ -82,14 +108,17 @@ def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int) -> dict:
     outs = [torch.empty(rows, n, dtype=dtype, device="cuda") for _ in range(copies)]
     ours = [lambda w=w, o=o: ops.dense_matmul(x, w, n, out=o) for w, o in zip(weights, outs)]
     cublas = [lambda w=w, o=o: torch.matmul(x, w.t(), out=o) for w, o in zip(weights, outs)]
-    os.environ["DSPINE_DENSE_RING"] = "0"  # the register batches; read when the graph is captured
-    us = {"ours": graph_us(ours, iters), "cublas": graph_us(cublas, iters)}
-    os.environ["DSPINE_DENSE_RING"] = "1"
-    us["ours_ring"] = graph_us(ours, iters)
-    os.environ["DSPINE_DENSE_RING"] = "0"
-    us["ours_again"] = graph_us(ours, iters)  # the first and last runs bracket the card's drift
-    del os.environ["DSPINE_DENSE_RING"]
-    best_ours = min(us["ours"], us["ours_again"], us["ours_ring"])
+    mma = {"DSPINE_DENSE_SM90": "0"}
+    with knobs(**mma, DSPINE_DENSE_RING="0"):  # the register batches
+        us = {"ours": graph_us(ours, iters)}
+    us["cublas"] = graph_us(cublas, iters)
+    with knobs(**mma, DSPINE_DENSE_RING="1"):
+        us["ours_ring"] = graph_us(ours, iters)
+    if hopper:
+        us["ours_sm90"] = graph_us(ours, iters)
+    with knobs(**mma, DSPINE_DENSE_RING="0"):
+        us["ours_again"] = graph_us(ours, iters)  # the first and last runs bracket the card's drift
+    best_ours = min(v for key, v in us.items() if key != "cublas")
     return {"shape": name, "k": k, "n": n, "rows": rows, "copies": copies, "us": us,
             "ours_GBps": weight_bytes / best_ours / 1e3, "cublas_GBps": weight_bytes / us["cublas"] / 1e3,
             "cublas_over_ours": us["cublas"] / best_ours,
@@ -110,22 +139,25 @@ def main() -> None:
         sys.exit("cuda_dense_gemm.py needs a CUDA device")
     dtype = getattr(torch, args.dtype)
     ceiling = copy_ceiling_GBps()
+    hopper = hopper_kernel_runs()
     results = []
     for name in args.shapes:
         for rows in args.rows:
-            results.append(run_shape(name, rows, dtype, args.iters, args.cold_mb << 20))
+            results.append(run_shape(name, rows, dtype, args.iters, args.cold_mb << 20, hopper))
             r = results[-1]
+            sm90 = f", sm90 {r['us']['ours_sm90']:.1f}" if hopper else ""
             print(f"{name} rows {rows}: ours {min(r['us']['ours'], r['us']['ours_again']):.1f} us "
-                  f"(ring {r['us']['ours_ring']:.1f}), cuBLAS {r['us']['cublas']:.1f} us", flush=True)
+                  f"(ring {r['us']['ours_ring']:.1f}{sm90}), cuBLAS {r['us']['cublas']:.1f} us", flush=True)
     info = run_info("cuda")
     path = save_json("cuda_dense_gemm", {**info, "dtype": args.dtype, "copy_GBps": ceiling, "results": results},
                      args.out)
-    table = [[r["shape"], r["rows"], min(r["us"]["ours"], r["us"]["ours_again"]), r["us"]["ours_ring"],
-              r["us"]["cublas"], r["ours_GBps"], r["cublas_GBps"], r["cublas_over_ours"],
+    table = [[r["shape"], r["rows"], r["us"].get("ours_sm90", "-"), min(r["us"]["ours"], r["us"]["ours_again"]),
+              r["us"]["ours_ring"], r["us"]["cublas"], r["ours_GBps"], r["cublas_GBps"], r["cublas_over_ours"],
               f"{r['rows_exact']['ours']:.0%} / {r['rows_exact']['cublas']:.0%}"] for r in results]
     print(f"\n{info['device']}, {args.dtype}, copy ceiling {ceiling:.0f} GB/s (read + write); wrote {path}\n")
-    print(markdown_table(["shape", "rows", "ours us", "ours, ring us", "cuBLAS us", "ours GB/s (best)",
-                          "cuBLAS GB/s", "cuBLAS / ours (best)", "rows = alone (ours / cuBLAS)"], table))
+    print(markdown_table(["shape", "rows", "ours, sm90 us", "ours, mma.sync us", "ours, ring us", "cuBLAS us",
+                          "ours GB/s (best)", "cuBLAS GB/s", "cuBLAS / ours (best)",
+                          "rows = alone (ours / cuBLAS)"], table))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@
 #
 # Knobs: ARCHS (90a; "80;90a" for both), TESTS (1; 0 skips the tests), TEST_FILES
 # (tests/test_kernels_gpu.py), TEST_K (pytest -k), TEST_S (150 s), FLOORS (1: kernel_bench.py --sampling-only, FLOORS_S s, 60), MEMCHECK_K (pytest -k of
-# the memcheck run; empty skips it), MEMCHECK_S (60 s), BENCH (words, each run after the rest,
+# the memcheck run; empty skips it), MEMCHECK_FILES (its test files: tests/test_kernels_gpu.py), MEMCHECK_S (60 s), BENCH (words, each run after the rest,
 # 60-200 s each; the prefill words' pages are in order, as the engine's pool hands out a prompt's,
 # so the sm90 kernel's whole tiles go by TMA, except prefill-pages, which runs both orders):
 #   prefill      the sm90 kernel against mma.sync and cuDNN (causal, Qwen3-8B and SmolLM2 heads)
@@ -42,7 +42,8 @@
 #   ncu-walk     one of the walk's top-k kernel at batch 32
 #   ncu-pairs    one of the walk's pair-score and chain kernel at batch 32
 #   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
-#   dense        our CUDA GEMM for few rows against cuBLAS on the round's shapes (cuda_dense_gemm.py)
+#   dense        our CUDA GEMM for few rows against cuBLAS on the round's shapes (cuda_dense_gemm.py;
+#                DENSE_ARGS adds its arguments, e.g. "--rows 1 16 64")
 #   round-dense  the round as `round` with the projections on our GEMM (DSPINE_DENSE_CUDA=1)
 #   sass-dense   the GEMM's SASS (cuobjdump): where its loads issue against its mmas
 #   sass-sm90    the hd-128 prefill kernel's landmarks in SASS order (sass_landmarks.py): wgmma
@@ -79,7 +80,7 @@ fi
 MEMCHECK_K=${MEMCHECK_K-rope or transition_walk or exact_segment}
 if [ -n "$MEMCHECK_K" ]; then
   LD_PRELOAD=$CXX_LIB timeout ${MEMCHECK_S:-60} compute-sanitizer --tool memcheck python3 -m pytest -q -m gpu \
-    tests/test_kernels_gpu.py -k "($MEMCHECK_K) and not outside_the_table" > "$O/memcheck.log" 2>&1
+    ${MEMCHECK_FILES:-tests/test_kernels_gpu.py} -k "($MEMCHECK_K) and not outside_the_table" > "$O/memcheck.log" 2>&1
   say "memcheck rc $?: $(grep -E 'ERROR SUMMARY|passed|failed' "$O/memcheck.log" | tail -2 | tr '\n' ' ')"
 fi
 # Issue 12's kernel measurements, one side-by-side table each (kernel_bench.py, files in $O).
@@ -157,7 +158,7 @@ for b in ${BENCH:-}; do case $b in
       say "walk splits $n rc $?: $(grep -E '^\| transition_walk \| greedy \| 32' "$O/walk_splits_$n.log")"
     done ;;
   dense)
-    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/cuda_dense_gemm.py --out "$O/dense" > "$O/dense.log" 2>&1
+    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/cuda_dense_gemm.py ${DENSE_ARGS:-} --out "$O/dense" > "$O/dense.log" 2>&1
     say "dense rc $?"; grep -E '^\| ' "$O/dense.log" ;;
   round-dense) (export DSPINE_DENSE_CUDA=1
     LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 \

@@ -1,6 +1,7 @@
-"""The CUDA dense GEMM for few rows (ops.dense_matmul, csrc/cuda/dense_gemm.cuh) against a float64
-reference, and its contract: a row's bits do not depend on the other rows of the call, on the
-row count, the column tiling or a CUDA graph. Outputs start as NaN; NaN never passes.
+"""The CUDA dense GEMM for few rows (ops.dense_matmul: csrc/cuda/dense_sm90.cuh on Hopper,
+csrc/cuda/dense_gemm.cuh elsewhere and with DSPINE_DENSE_SM90=0) against a float64 reference, and
+its contract: a row's bits do not depend on the other rows of the call, on the row count, the
+column tiling or a CUDA graph. Outputs start as NaN; NaN never passes.
 Run: python -m pytest -q -m gpu tests/test_dense_gpu.py
 """
 import pytest
@@ -39,18 +40,74 @@ def _poisoned(shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
 
 
+def _sm90_launches():
+    return torch.ops.dspine.dense_sm90_launches()
+
+
+def _hopper_kernel_runs() -> bool:
+    """Whether calls take the Hopper kernel here (an H100/H200 and a build with its image)."""
+    before = _sm90_launches()
+    ops.dense_matmul(torch.ones(1, 32, dtype=torch.bfloat16, device=DEV),
+                     torch.ones(8, 32, dtype=torch.bfloat16, device=DEV), 8)
+    return _sm90_launches() > before
+
+
+needs_hopper_kernel = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="the Hopper dense kernel needs an sm_90 GPU")
+
+
+@pytest.mark.parametrize("kernel", ["default", "mma.sync"])
 @pytest.mark.parametrize("dtype", HALVES)
 @pytest.mark.parametrize("m,n,k", [(1, 576, 576), (3, 1000, 96), (8, 7, 32), (9, 100, 4096),
                                    (16, 1536, 576), (17, 64, 160), (33, 577, 64), (64, 2048, 128),
-                                   (65, 96, 256), (130, 33, 96), (5, 1, 32)])
-def test_dense_matmul_against_exact(m, n, k, dtype):
+                                   (65, 96, 256), (130, 33, 96), (5, 1, 32), (16, 6144, 4096),
+                                   (2, 4096, 12288)])
+def test_dense_matmul_against_exact(m, n, k, dtype, kernel, monkeypatch):
+    """Both kernels where both run: the default (Hopper's on an sm_90 GPU, which the launch
+    counter proves) and the mma.sync one (DSPINE_DENSE_SM90=0)."""
+    if kernel == "mma.sync":
+        monkeypatch.setenv("DSPINE_DENSE_SM90", "0")
     x, w = _inputs(m, n, k, dtype)
     wd = ops.dense_pack(w.to(DEV))
     out = _poisoned((m, n), dtype)
+    before = _sm90_launches()
     got = ops.dense_matmul(x.to(DEV), wd, n, out=out)
+    hopper = kernel == "default" and torch.cuda.get_device_capability() == (9, 0)
+    assert (_sm90_launches() > before) == hopper
     assert got.data_ptr() == out.data_ptr()
     _assert_close_to_exact(got, x, w)
     _assert_close_to_exact(ops.dense_matmul(x.to(DEV), wd, n), x, w)
+
+
+@needs_hopper_kernel
+@pytest.mark.parametrize("splits", ["plan", "1", "2", "4", "8"])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (100, 96), (1000, 1056), (6144, 512)])
+def test_hopper_rows_do_not_depend_on_the_call(n, k, splits, monkeypatch):
+    """The Hopper kernel under its own plan and every forced split count (8 splits of one stage
+    leave CTAs with no k at all): row i alone, in the first m rows for every m up to 66 (16-,
+    32- and 64-row tiles, more row blocks), in another order: the same bits; and the values
+    right. Splits change which k each CTA sums, so each count is checked against itself."""
+    assert _hopper_kernel_runs()
+    if splits != "plan":
+        monkeypatch.setenv("DSPINE_DENSE_SPLITS", splits)
+    x, w = _inputs(66, n, k, torch.bfloat16, seed=9)
+    x, wd = x.to(DEV), w.to(DEV)
+    full = ops.dense_matmul(x, wd, n, out=_poisoned((66, n), torch.bfloat16))
+    _assert_close_to_exact(full, x.cpu(), w)
+    alone = torch.cat([ops.dense_matmul(x[i:i + 1], wd, n) for i in range(x.shape[0])])
+    assert torch.equal(full, alone)
+    for m in (2, 15, 16, 17, 31, 32, 33, 63, 64, 65):
+        assert torch.equal(ops.dense_matmul(x[:m], wd, n), full[:m]), f"m = {m}"
+    order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(10)).to(DEV)
+    assert torch.equal(ops.dense_matmul(x[order], wd, n), full[order])
+
+
+def test_a_bad_split_count_is_an_error(monkeypatch):
+    monkeypatch.setenv("DSPINE_DENSE_SPLITS", "3")
+    x, w = _inputs(4, 64, 96, torch.bfloat16)
+    with pytest.raises(RuntimeError, match="DSPINE_DENSE_SPLITS must be 1, 2, 4 or 8"):
+        ops.dense_matmul(x.to(DEV), w.to(DEV), 64)
 
 
 @pytest.mark.parametrize("dtype", HALVES)
@@ -68,8 +125,10 @@ def test_dense_matmul_writes_only_its_output(dtype):
 @pytest.mark.parametrize("dtype", HALVES)
 @pytest.mark.parametrize("n,k", [(576, 576), (1536, 576), (4096, 4096), (100, 96)])
 def test_rows_do_not_depend_on_the_call(n, k, dtype, monkeypatch):
-    """Row i alone, inside the first m rows for every m up to 66, at another position of the
-    call, under every column tiling and through either loader: the same bits."""
+    """The mma.sync kernel (DSPINE_DENSE_SM90=0: its knobs are its own): row i alone, inside the
+    first m rows for every m up to 66, at another position of the call, under every column tiling
+    and through either loader: the same bits."""
+    monkeypatch.setenv("DSPINE_DENSE_SM90", "0")
     x, w = _inputs(66, n, k, dtype, seed=2)
     x, wd = x.to(DEV), w.to(DEV)
     monkeypatch.setenv("DSPINE_DENSE_RING", "0")  # the register batches
@@ -94,6 +153,7 @@ def test_rows_do_not_depend_on_the_call(n, k, dtype, monkeypatch):
 @pytest.mark.parametrize("m,n,k", [(1, 576, 576), (16, 1000, 96), (8, 7, 32), (33, 577, 4096), (64, 96, 256)])
 def test_ring_variant_against_exact(m, n, k, dtype, monkeypatch):
     """DSPINE_DENSE_RING=1 (chunks through a cp.async ring in shared memory) on a poisoned output."""
+    monkeypatch.setenv("DSPINE_DENSE_SM90", "0")
     monkeypatch.setenv("DSPINE_DENSE_RING", "1")
     x, w = _inputs(m, n, k, dtype, seed=8)
     out = _poisoned((m, n), dtype)

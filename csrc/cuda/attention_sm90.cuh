@@ -44,28 +44,10 @@
 
 #include "attention.cuh"
 #include "attention_sm90_cuts.h"
-
-// The wgmma / setmaxnreg code exists only in the sm_90a pass; every other pass (sm_80, the host)
-// sees a kernel that traps (never launched there: attention_sm90_runnable() checks the image).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define DSPINE_SM90_DEVICE_CODE 1
-#else
-#define DSPINE_SM90_DEVICE_CODE 0
-#endif
+#include "sm90_wgmma.cuh"
 
 namespace dspine {
 namespace gpu {
-
-template <typename T>
-struct CuteElem;
-template <>
-struct CuteElem<__nv_bfloat16> {
-  using type = cutlass::bfloat16_t;
-};
-template <>
-struct CuteElem<__half> {
-  using type = cutlass::half_t;
-};
 
 template <typename T, int D>
 struct Sm90Tile {
@@ -137,33 +119,6 @@ struct Sm90LoadMaps {
 };
 
 #if DSPINE_SM90_DEVICE_CODE
-// Issues C = A B over the k blocks of the operands as one wgmma batch (committed, not waited
-// for). ZERO_INIT overwrites C; REG_A: A is a register fragment (RS), fenced like the accumulators.
-// Until wgmma_wait retires the batch, C must not be read and a register A not written.
-template <bool ZERO_INIT, bool REG_A, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma_issue(TiledMma& mma, const TA& a, const TB& b, TC& c) {
-  using namespace cute;
-  constexpr bool kRegA = REG_A;
-  if constexpr (kRegA) warpgroup_fence_operand(const_cast<TA&>(a));
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  if constexpr (ZERO_INIT) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-}
-
-// Waits until at most N of this warpgroup's batches are in flight; `c` (the accumulators of the
-// batches that retired) is then safe to read.
-template <int N, class TC>
-__device__ __forceinline__ void wgmma_wait(TC& c) {
-  cute::warpgroup_wait<N>();
-  cute::warpgroup_fence_operand(c);
-}
-
 // Producer: thread tid copies 16-byte chunk tid % kChunks of the kRunKeys consecutive key rows
 // starting at (tid / kChunks) * kRunKeys of a tile; their offsets come from one table read
 // (KeyRun), made before the stage's `empty` wait and shared by the tile's K and V loads.

@@ -1,10 +1,11 @@
 // The Hopper (sm_90a) paged attention path (attention_sm90.cuh): its instantiations, its launch
-// and the check that its image runs on the current device. The only translation unit that
-// includes CuTe (setup.py adds the CUTLASS include path and -DDSPINE_WITH_SM90 when it finds the
-// headers); torch-free, so it compiles standalone for the sm_80 / sm_90a checks.
+// and the check that its image runs on the current device. One of the two translation units that
+// include CuTe (with cuda_dense_sm90.cu; setup.py adds the CUTLASS include path and
+// -DDSPINE_WITH_SM90 when it finds the headers); torch-free, so it compiles standalone for the
+// sm_80 / sm_90a checks.
 #if defined(DSPINE_WITH_SM90)
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include "tensor_map.h"  // first: before CUTLASS (tensor_map.h says why)
 
 #include <atomic>
 #include <climits>
@@ -56,23 +57,6 @@ bool attention_sm90_runnable() {
 }
 
 namespace {
-
-// The driver's cuTensorMapEncodeTiled, found through the runtime (no link against libcuda, so the
-// library still loads where no driver is installed); null where the driver does not have it.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      fn = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encoder;
-}
 
 // One cache as the [slots, kv_heads, D] tensor of Sm90LoadMaps, boxes of a tile's 128 slots x 1 x 64.
 template <typename T>

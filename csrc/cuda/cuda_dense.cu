@@ -8,6 +8,7 @@
 #include "../dense_binding.h"
 #include "binding.h"
 #include "dense_gemm.cuh"
+#include "dense_sm90.h"
 
 namespace dspine {
 namespace cuda {
@@ -55,10 +56,25 @@ void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y
   // result does not change with either.
   const int forced_cols = env_int("DSPINE_DENSE_COLS", 0);
   const int forced_ring = env_int("DSPINE_DENSE_RING", -1);
+  // On Hopper the TMA / wgmma kernel (dense_sm90.cuh) takes every call; DSPINE_DENSE_SM90=0 keeps
+  // the mma.sync kernel (a measurement aid: the two round differently, so a process should not
+  // mix them), DSPINE_DENSE_SPLITS (1, 2, 4, 8) fixes the sm90 kernel's k splits (tests, tuning).
+  const bool sm90 = env_int("DSPINE_DENSE_SM90", 1) != 0;
+  const int forced_splits = env_int("DSPINE_DENSE_SPLITS", 0);
+  TORCH_CHECK(forced_splits == 0 || forced_splits == 1 || forced_splits == 2 || forced_splits == 4 ||
+                  forced_splits == 8,
+              "dense_matmul: DSPINE_DENSE_SPLITS must be 1, 2, 4 or 8, got ", forced_splits);
   dispatch_float(x.scalar_type(), "dense_matmul", [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (!std::is_same<T, float>::value)
-      gpu::launch_dense_matmul<T>(p, num_sms(), forced_cols, forced_ring, stream());
+    if constexpr (!std::is_same<T, float>::value) {
+      if (sm90 && gpu::dense_sm90_runnable<T>()) {
+        TORCH_CHECK(gpu::launch_dense_sm90<T>(p, num_sms(), forced_splits, stream()),
+                    "dense_matmul: the call is too large for the Hopper kernel's grid (more than 65535 column "
+                    "tiles or row blocks), or the driver refused a tensor map for the weight or x");
+      } else {
+        gpu::launch_dense_matmul<T>(p, num_sms(), forced_cols, forced_ring, stream());
+      }
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -75,8 +91,16 @@ at::Tensor& dense_matmul_out(const at::Tensor& x_in, const at::Tensor& weight, i
   return dense_binding::matmul_out(x_in, weight, out_features, out, check_dense_args, run);
 }
 
+// Launches of the Hopper kernel so far (0 in a build without it): the GPU tests check with it
+// that a call took the path they meant to test.
+static int64_t dense_sm90_launches() { return gpu::dense_sm90_launches(); }
+
 }  // namespace cuda
 }  // namespace dspine
+
+TORCH_LIBRARY_FRAGMENT(dspine, m) {
+  m.def("dense_sm90_launches() -> int", &dspine::cuda::dense_sm90_launches);
+}
 
 TORCH_LIBRARY_IMPL(dspine, CUDA, m) {
   m.impl("dense_matmul", &dspine::cuda::dense_matmul);
