@@ -5,7 +5,7 @@
 // sm_80 / sm_90a checks.
 #if defined(DSPINE_WITH_SM90)
 
-#include "tensor_map.h"  // first: before CUTLASS (tensor_map.h says why)
+#include "sm90_host.h"  // first: before CUTLASS (sm90_host.h says why)
 
 #include <atomic>
 #include <climits>
@@ -27,33 +27,12 @@ std::atomic<int64_t> g_sm90_tma_launches{0};
 int64_t attention_sm90_launches() { return g_sm90_launches.load(std::memory_order_relaxed); }
 int64_t attention_sm90_tma_launches() { return g_sm90_tma_launches.load(std::memory_order_relaxed); }
 
-// The image the runtime picks for this device must be the sm_90a one: an sm_80-only build (or a
-// build for another Hopper-less arch list) would run the trapping stub instead. Asked once per
-// device; the error of a missing image is cleared so no later launch check reports it.
+// The sm_90a images of both head dims must be what this device runs (sm90_host.h).
 template <typename T>
 bool attention_sm90_runnable() {
-  static std::atomic<int> cached[64];  // per device: 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  std::atomic<int>& slot = cached[dev & 63];
-  const int known = slot.load(std::memory_order_relaxed);
-  if (known != 0) return known == 1;
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  bool ok = major == 9 && minor == 0;
-  if (ok) {
-    cudaFuncAttributes a64{}, a128{};
-    ok = cudaFuncGetAttributes(&a64, paged_attention_sm90_kernel<T, 64, false>) == cudaSuccess &&
-         cudaFuncGetAttributes(&a128, paged_attention_sm90_kernel<T, 128, false>) == cudaSuccess &&
-         a64.binaryVersion == 90 && a128.binaryVersion == 90;
-    cudaGetLastError();
-  }
-  slot.store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
+  static std::atomic<int> cached[64];
+  return sm90_images_run(cached, {reinterpret_cast<const void*>(paged_attention_sm90_kernel<T, 64, false>),
+                                  reinterpret_cast<const void*>(paged_attention_sm90_kernel<T, 128, false>)});
 }
 
 namespace {

@@ -3,7 +3,7 @@
 // include path and -DDSPINE_WITH_SM90 when it finds the headers); torch-free.
 #if defined(DSPINE_WITH_SM90)
 
-#include "tensor_map.h"  // first: before CUTLASS (tensor_map.h says why)
+#include "sm90_host.h"  // first: before CUTLASS (sm90_host.h says why)
 
 #include <atomic>
 #include <type_traits>
@@ -74,28 +74,12 @@ bool launch_cols(const DenseParams& p, int splits, cudaStream_t stream) {
 }
 }  // namespace
 
+// The sm_90a image must be what this device runs (sm90_host.h), and the driver must encode maps.
 template <typename T>
 bool dense_sm90_runnable() {
-  static std::atomic<int> cached[64];  // per device: 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  std::atomic<int>& slot = cached[dev & 63];
-  const int known = slot.load(std::memory_order_relaxed);
-  if (known != 0) return known == 1;
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  bool ok = major == 9 && minor == 0 && tensor_map_encoder() != nullptr;
-  if (ok) {
-    cudaFuncAttributes a{};
-    ok = cudaFuncGetAttributes(&a, dense_sm90_kernel<T, 64, 1, false>) == cudaSuccess && a.binaryVersion == 90;
-    cudaGetLastError();
-  }
-  slot.store(ok ? 1 : 2, std::memory_order_relaxed);
-  return ok;
+  static std::atomic<int> cached[64];
+  return tensor_map_encoder() != nullptr &&
+         sm90_images_run(cached, {reinterpret_cast<const void*>(dense_sm90_kernel<T, 64, 1, false>)});
 }
 
 template <typename T>
