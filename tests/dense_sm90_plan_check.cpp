@@ -6,10 +6,8 @@
 
 #include "cuda/dense_sm90_plan.h"
 
-using dspine::gpu::DenseSm90Plan;
-using dspine::gpu::dense_sm90_plan;
-using dspine::gpu::kDenseSm90MinStagesPerSplit;
-using dspine::gpu::kDenseSm90StageK;
+namespace gpu = dspine::gpu;
+using gpu::DenseSm90Plan;
 
 namespace {
 
@@ -28,23 +26,23 @@ double busy_share(const DenseSm90Plan& p, int sms) {
 
 // What the kernel can run, and a split never thinner than its pipeline.
 void check_valid(long n, long k, int sms) {
-  const DenseSm90Plan p = dense_sm90_plan(n, k, sms);
-  const long stages = (k + kDenseSm90StageK - 1) / kDenseSm90StageK;
+  const DenseSm90Plan p = gpu::dense_sm90_plan(n, k, sms);
+  const long stages = (k + gpu::kDenseSm90StageK - 1) / gpu::kDenseSm90StageK;
   const bool shape_ok = (p.block_n == 64 || p.block_n == 128) &&
                         (p.splits == 1 || p.splits == 2 || p.splits == 4 || p.splits == 8) &&
                         p.block_n % p.splits == 0;
   if (!shape_ok) fail("a plan the kernel cannot run", n, k, sms, p);
-  if (p.splits > 1 && stages < static_cast<long>(p.splits) * kDenseSm90MinStagesPerSplit)
+  if (p.splits > 1 && stages < static_cast<long>(p.splits) * gpu::kDenseSm90MinStagesPerSplit)
     fail("a split shorter than the pipeline", n, k, sms, p);
   if (p.ctas_per_row_block != (n + p.block_n - 1) / p.block_n * p.splits) fail("CTA count", n, k, sms, p);
   for (int forced : {1, 2, 4, 8}) {
-    const DenseSm90Plan f = dense_sm90_plan(n, k, sms, forced);
+    const DenseSm90Plan f = gpu::dense_sm90_plan(n, k, sms, forced);
     if (f.splits != forced) fail("forced splits not taken", n, k, sms, f);
   }
 }
 
 void expect(long n, long k, int sms, int block_n, int splits) {
-  const DenseSm90Plan p = dense_sm90_plan(n, k, sms);
+  const DenseSm90Plan p = gpu::dense_sm90_plan(n, k, sms);
   if (p.block_n != block_n || p.splits != splits) fail("round projection", n, k, sms, p);
   if (busy_share(p, sms) < 0.95) fail("SMs idle in the plan", n, k, sms, p);
 }
