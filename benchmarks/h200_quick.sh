@@ -30,7 +30,7 @@
 #   attention    decode and verify blocks on Qwen3-8B heads at 8K, batch 1 / 8 / 32
 #   segments     the row-exact mode's decode / verify at 256 and SEGMENTS (128) keys a segment
 #                (DSPINE_ATTN_EXACT_SEGMENT), 1K and 8K
-#   round        the Qwen3-8B-shaped round at batch 1 and 8, 1K context, kernel by kernel
+#   round        the Qwen3-8B-shaped round at batch 1 and 8 (ROUND_BATCHES), 1K context, kernel by kernel
 #                (step_table.py --kernels; random weights, no staged model)
 #   ncu          one profiled launch of the sm90 prefill kernel at 8K (ncu-async: with
 #                DSPINE_SM90_ARRIVE=async). Every ncu word also writes its SASS source page
@@ -144,7 +144,7 @@ for b in ${BENCH:-}; do case $b in
         --batches 1 8 --exact)
     done ;;
   round)  # issue 12 item 4: the Qwen3-8B-shaped round (random weights), kernel by kernel
-    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 \
+    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 \
       --kernels --out "$O/round" > "$O/round.log" 2>&1
     say "round rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round.log" | cut -c1-150 ;;
   ncu-verify)  # the round's attention: a 16-token verify block, Qwen3-8B heads, 1K, batch 1, exact
@@ -161,7 +161,7 @@ for b in ${BENCH:-}; do case $b in
     LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/cuda_dense_gemm.py ${DENSE_ARGS:-} --out "$O/dense" > "$O/dense.log" 2>&1
     say "dense rc $?"; grep -E '^\| ' "$O/dense.log" ;;
   round-dense) (export DSPINE_DENSE_CUDA=1
-    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches 1 8 --contexts 1024 --iters 10 \
+    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 \
       --kernels --out "$O/round_dense" > "$O/round_dense.log" 2>&1
     say "round-dense rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round_dense.log" | cut -c1-150) ;;
   sass-sm90)  # the hd-128 bf16 prefill kernel's landmarks in SASS order (sass_landmarks.py): where
