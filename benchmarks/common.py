@@ -1,8 +1,10 @@
 """Shared by the benchmarks: run metadata, JSON results and the tables in docs/BENCHMARKS.md."""
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
+import os
 import platform
 import re
 import statistics
@@ -35,8 +37,6 @@ def device_name(device: str) -> str:
 def git_commit() -> str:
     """The commit measured: $DSPINE_COMMIT (set where the tree travels without .git, e.g. the
     H200 session script), else git's short HEAD, marked +dirty with uncommitted changes."""
-    import os
-
     if os.environ.get("DSPINE_COMMIT"):
         return os.environ["DSPINE_COMMIT"]
     try:
@@ -47,6 +47,26 @@ def git_commit() -> str:
     except OSError:
         return "unknown"
     return (commit or "unknown") + ("+dirty" if dirty else "")
+
+
+@contextlib.contextmanager
+def env_knobs(**env: str | None):
+    """The kernels' environment knobs set for the block (None unsets one), each restored after it.
+    The bindings read them at every call, and a CUDA graph keeps what it was captured with."""
+    saved = {key: os.environ.get(key) for key in env}
+    try:
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def timed_calls(fn, reps: int, warmup: int = 1) -> list[float]:

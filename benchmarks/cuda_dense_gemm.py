@@ -18,8 +18,6 @@ markdown table.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import markdown_table, run_info, save_json  # noqa: E402
+from common import env_knobs, markdown_table, run_info, save_json  # noqa: E402
 
 SHAPES = {  # name: (k = in_features, n = out_features)
     "Qwen3-8B qkv": (4096, 6144), "Qwen3-8B o": (4096, 4096), "Qwen3-8B gate_up": (4096, 24576),
@@ -72,21 +70,6 @@ def copy_ceiling_GBps() -> float:
     return 2 * n * 2 / us / 1e3
 
 
-@contextlib.contextmanager
-def knobs(**env):
-    """The kernels' environment knobs for the graphs captured inside (read at capture)."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def hopper_kernel_runs() -> bool:
     from dspine_engine import ops
 
@@ -109,14 +92,14 @@ def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: 
     ours = [lambda w=w, o=o: ops.dense_matmul(x, w, n, out=o) for w, o in zip(weights, outs)]
     cublas = [lambda w=w, o=o: torch.matmul(x, w.t(), out=o) for w, o in zip(weights, outs)]
     mma = {"DSPINE_DENSE_SM90": "0"}
-    with knobs(**mma, DSPINE_DENSE_RING="0"):  # the register batches
+    with env_knobs(**mma, DSPINE_DENSE_RING="0"):  # the register batches
         us = {"ours": graph_us(ours, iters)}
     us["cublas"] = graph_us(cublas, iters)
-    with knobs(**mma, DSPINE_DENSE_RING="1"):
+    with env_knobs(**mma, DSPINE_DENSE_RING="1"):
         us["ours_ring"] = graph_us(ours, iters)
     if hopper:
         us["ours_sm90"] = graph_us(ours, iters)
-    with knobs(**mma, DSPINE_DENSE_RING="0"):
+    with env_knobs(**mma, DSPINE_DENSE_RING="0"):
         us["ours_again"] = graph_us(ours, iters)  # the first and last runs bracket the card's drift
     best_ours = min(v for key, v in us.items() if key != "cublas")
     return {"shape": name, "k": k, "n": n, "rows": rows, "copies": copies, "us": us,

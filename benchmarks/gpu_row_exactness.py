@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import env_knobs  # noqa: E402
 
 Q_HEADS, KV_HEADS, HEAD_DIM, PAGE, BLOCK = 9, 3, 64, 16, 16
 GEMM_SHAPES = {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576),
@@ -89,18 +91,9 @@ def attention_table(batches, lo, hi, device) -> list[dict]:
     for batch in batches:
         ctx = PagedContexts(batch, lo, hi, seed=batch, device=device)
         for knob, env in KNOBS.items():
-            saved = {k: os.environ.get(k) for k in KNOB_NAMES}
-            for k in saved:
-                os.environ.pop(k, None)
-            os.environ.update(env)
-            try:
+            with env_knobs(**{**dict.fromkeys(KNOB_NAMES), **env}):  # the other knobs unset
                 out = ctx.rows()
                 torch.cuda.synchronize()
-            finally:
-                for k, v in saved.items():
-                    os.environ.pop(k, None)
-                    if v is not None:
-                        os.environ[k] = v
             rows.append({"batch": batch, "knob": knob,
                          "verify_eq_alone": equal_rows(out["verify"], out["alone"]),
                          "verify_eq_batched": equal_rows(out["verify"], out["batched"]),

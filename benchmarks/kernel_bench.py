@@ -44,7 +44,7 @@ from tqdm import tqdm
 from dspine_engine import ops
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import git_commit  # noqa: E402
+from common import env_knobs, git_commit  # noqa: E402
 
 BF16 = torch.bfloat16
 PAGE = 16  # the engine's default page size; --page-size changes it for one run
@@ -312,11 +312,8 @@ def timed_with_env(ours, timer: Timer, name: str, value: str) -> float:
     """Ours with the binding's knob ``name`` (read at every call) set to ``value``: a row-exact
     form (DSPINE_ATTN_EXACT: absolute key segments, what a row computed one way in every call
     costs against the default kernels) or a forced split count (DSPINE_ATTN_SPLITS)."""
-    os.environ[name] = value
-    try:
+    with env_knobs(**{name: value}):
         return timer(ours)
-    finally:
-        del os.environ[name]
 
 
 def bench_attention(cfg: AttnConfig, timer: Timer, ceilings: dict, sm90: str = "auto",
@@ -442,12 +439,11 @@ def sampling_rows(timer: Timer, ceilings: dict, batch: int, vocab: int, greedy_o
         # Filtered rows also by the radix passes alone (DSPINE_VERIFY_RADIX=1), the candidate
         # search's baseline: the same thresholds, side by side.
         for radix in ("0", "1") if top_k or top_p < 1 else ("0",):
-            os.environ["DSPINE_VERIFY_RADIX"] = radix
-            us = timer(lambda: ops.block_verify(rows_in, draft, cand_ids, cand_probs, t, tk, tp, u_v))
+            with env_knobs(DSPINE_VERIFY_RADIX=radix):
+                us = timer(lambda: ops.block_verify(rows_in, draft, cand_ids, cand_probs, t, tk, tp, u_v))
             rows.append({"op": "block_verify", "variant": name + (" (radix passes)" if radix == "1" else ""),
                          "us": us, "GBps": verify_bytes / us / 1e3,
                          "frac_bw": verify_bytes / us / 1e3 / ceilings["copy_GBps"], "goal_us": 50.0})
-        os.environ.pop("DSPINE_VERIFY_RADIX")
     rows.append({"op": "torch.argmax (reference point)", "variant": "",
                  "us": timer(lambda: logits_v.argmax(-1)), "goal_us": None})
     for r in rows:

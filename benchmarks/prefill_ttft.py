@@ -18,26 +18,19 @@ Writes DIR/prefill_ttft_<device>.json and the "prefill-ttft" table of docs/BENCH
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, markdown_table, paired_medians, run_info, save_json, update_doc_section  # noqa: E402
+from common import (RESULTS, env_knobs, markdown_table, paired_medians, run_info,  # noqa: E402
+                    save_json, update_doc_section)
 
 from dspine_engine import Engine, SamplingParams  # noqa: E402
 
 KNOB = "DSPINE_ATTN_SM90"
 SETTINGS = (("wgmma (default)", None), ("mma.sync", "0"))
-
-
-def set_knob(value: str | None) -> None:
-    if value is None:
-        os.environ.pop(KNOB, None)
-    else:
-        os.environ[KNOB] = value
 
 
 def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -63,13 +56,12 @@ def measure(engine: Engine, length: int, batch: int, reps: int, seed: int) -> di
 
     def run(name, value):
         def call():
-            set_knob(value)
-            chosen[name] = first_tokens(engine, batch_prompts)
+            with env_knobs(**{KNOB: value}):
+                chosen[name] = first_tokens(engine, batch_prompts)
         return call
 
     fns = [run(name, value) for name, value in SETTINGS]
     seconds = paired_medians(fns, reps=reps, warmup=1, rounds=2)
-    set_knob(None)
     wgmma, mma = seconds
     return {"length": length, "batch": batch, "ms": {n: s * 1e3 for (n, _), s in zip(SETTINGS, seconds)},
             "speedup": mma / wgmma, "tokens_per_s": batch * length / wgmma,
@@ -92,13 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-doc", action="store_true", help="leave docs/BENCHMARKS.md alone")
     args = p.parse_args(argv)
 
-    set_knob(None)
     longest, widest = max(args.lengths), max(args.batches)
-    engine = Engine(args.target, device=args.device, dtype=args.dtype, progress=False,
-                    max_num_seqs=widest, max_prefill_tokens=widest * longest,
-                    kv_cache_tokens=widest * (longest + 64))
-    rows = [measure(engine, n, b, args.reps, args.seed) for n in args.lengths for b in args.batches]
-    engine.close()
+    with env_knobs(**{KNOB: None}):  # the engine's graphs captured under the default dispatch
+        engine = Engine(args.target, device=args.device, dtype=args.dtype, progress=False,
+                        max_num_seqs=widest, max_prefill_tokens=widest * longest,
+                        kv_cache_tokens=widest * (longest + 64))
+        rows = [measure(engine, n, b, args.reps, args.seed) for n in args.lengths for b in args.batches]
+        engine.close()
 
     info = run_info(args.device)
     device = "cuda" if args.device.startswith("cuda") else "cpu"
