@@ -53,20 +53,19 @@ def git_commit() -> str:
 def env_knobs(**env: str | None):
     """The kernels' environment knobs set for the block (None unsets one), each restored after it.
     The bindings read them at every call, and a CUDA graph keeps what it was captured with."""
+    def apply(values: dict) -> None:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
     saved = {key: os.environ.get(key) for key in env}
     try:
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        apply(env)
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        apply(saved)
 
 
 def timed_calls(fn, reps: int, warmup: int = 1) -> list[float]:

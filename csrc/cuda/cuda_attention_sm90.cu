@@ -41,20 +41,12 @@ namespace {
 template <typename T>
 bool encode_cache_map(CUtensorMap* map, const void* cache, const PagedAttentionParams& p) {
   static_assert(Sm90Tile<T, 64>::kBlockN == 128 && Sm90Tile<T, 128>::kBlockN == 128, "a box is one key tile");
-  constexpr cuuint32_t box_rows = 128;
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
   const cuuint64_t elem = sizeof(T);
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.kv_heads),
                               static_cast<cuuint64_t>(p.num_pages) * p.page_size};
   const cuuint64_t strides[2] = {p.head_dim * elem, static_cast<cuuint64_t>(p.kv_heads) * p.head_dim * elem};
-  const cuuint32_t box[3] = {64, 1, box_rows};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUtensorMapDataType type =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return encode(map, type, 3, const_cast<void*>(cache), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  const cuuint32_t box[3] = {64, 1, Sm90Tile<T, 128>::kBlockN};  // 64 columns of one tile's slots
+  return encode_swizzled_map<T>(map, 3, cache, dims, strides, box);
 }
 
 // The maps for this call, or on = false (cp.async for every tile) when the pages are too small

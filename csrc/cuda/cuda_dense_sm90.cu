@@ -21,17 +21,10 @@ std::atomic<int64_t> g_dense_sm90_launches{0};
 // box_rows x 64 k in the 128-byte swizzle; coordinates past either end read as zeros.
 template <typename T>
 bool encode_rows_map(CUtensorMap* map, const void* data, int64_t rows, int64_t k, int64_t stride, int box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride) * sizeof(T)};
   const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUtensorMapDataType type =
-      std::is_same_v<T, __half> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  return encode(map, type, 2, const_cast<void*>(data), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_swizzled_map<T>(map, 2, data, dims, strides, box);
 }
 
 template <typename T, int BN, int RT, bool CLUSTER>
