@@ -1,8 +1,10 @@
 // Host-only check of the Hopper dense GEMM's plan (tests/test_dense_sm90_plan.py compiles and runs
 // it with the host compiler: dense_sm90_plan.h is plain C++). It pins what the GPU tests cannot
-// see on one card: every plan is one the kernel can run, each split keeps its pipeline busy, a
-// forced split count is taken, and the projections of the round's shapes fill the SMs.
+// see on one card: every plan is one the kernel can run, the CTAs' unit ranges cover the call once
+// and differ by at most one unit, each tile's contributors are the CTAs the kernel waits for, the
+// knobs are taken, and the projections of the round's shapes use every SM.
 #include <cstdio>
+#include <initializer_list>
 
 #include "cuda/dense_sm90_plan.h"
 
@@ -15,36 +17,60 @@ int failures = 0;
 
 void fail(const char* what, long n, long k, int sms, const DenseSm90Plan& p) {
   ++failures;
-  std::printf("FAIL %s: n %ld k %ld sms %d -> %d columns x %d splits (%ld CTAs)\n", what, n, k, sms, p.block_n,
-              p.splits, static_cast<long>(p.ctas_per_row_block));
+  std::printf("FAIL %s: n %ld k %ld sms %d -> %d columns, %ld tiles x %ld stages over %d CTAs\n", what, n, k, sms,
+              p.block_n, static_cast<long>(p.tiles), static_cast<long>(p.stages), p.ctas);
 }
 
-double busy_share(const DenseSm90Plan& p, int sms) {
-  const long rounds = (p.ctas_per_row_block + sms - 1) / sms;
-  return static_cast<double>(p.ctas_per_row_block) / static_cast<double>(rounds * sms);
+// The CTA whose range holds unit u, by a linear search (the kernel's first_cta_of_tile walks down).
+int cta_of_unit(const DenseSm90Plan& p, long u) {
+  int c = 0;
+  while (c + 1 < p.ctas && p.unit_begin(c + 1) <= u) ++c;
+  return c;
 }
 
-// What the kernel can run, and a split never thinner than its pipeline.
-void check_valid(long n, long k, int sms) {
-  const DenseSm90Plan p = gpu::dense_sm90_plan(n, k, sms);
-  const long stages = (k + gpu::kDenseSm90StageK - 1) / gpu::kDenseSm90StageK;
-  const bool shape_ok = (p.block_n == 64 || p.block_n == 128) &&
-                        (p.splits == 1 || p.splits == 2 || p.splits == 4 || p.splits == 8) &&
-                        p.block_n % p.splits == 0;
-  if (!shape_ok) fail("a plan the kernel cannot run", n, k, sms, p);
-  if (p.splits > 1 && stages < static_cast<long>(p.splits) * gpu::kDenseSm90MinStagesPerSplit)
-    fail("a split shorter than the pipeline", n, k, sms, p);
-  if (p.ctas_per_row_block != (n + p.block_n - 1) / p.block_n * p.splits) fail("CTA count", n, k, sms, p);
-  for (int forced : {1, 2, 4, 8}) {
-    const DenseSm90Plan f = gpu::dense_sm90_plan(n, k, sms, forced);
-    if (f.splits != forced) fail("forced splits not taken", n, k, sms, f);
+void check_ranges(long n, long k, int sms, const DenseSm90Plan& p) {
+  if (p.unit_begin(0) != 0 || p.unit_begin(p.ctas) != p.units) fail("ranges do not cover the call", n, k, sms, p);
+  long shortest = p.units, longest = 0;
+  for (int c = 0; c < p.ctas; ++c) {
+    const long len = p.unit_begin(c + 1) - p.unit_begin(c);
+    shortest = len < shortest ? len : shortest;
+    longest = len > longest ? len : longest;
+  }
+  if (shortest < 1) fail("a CTA with no units", n, k, sms, p);
+  if (longest - shortest > 1) fail("ranges differ by more than one unit", n, k, sms, p);
+  // Each tile's owner (the CTA with its last unit) finds the CTA with its first unit.
+  for (long t = 0; t < p.tiles; ++t) {
+    const int owner = cta_of_unit(p, (t + 1) * p.stages - 1);
+    if (p.first_cta_of_tile(t, owner) != cta_of_unit(p, t * p.stages)) fail("a tile's first contributor", n, k, sms, p);
   }
 }
 
-void expect(long n, long k, int sms, int block_n, int splits) {
+// What the kernel can run.
+void check_valid(long n, long k, int sms) {
   const DenseSm90Plan p = gpu::dense_sm90_plan(n, k, sms);
-  if (p.block_n != block_n || p.splits != splits) fail("round projection", n, k, sms, p);
-  if (busy_share(p, sms) < 0.95) fail("SMs idle in the plan", n, k, sms, p);
+  const bool shape_ok = (p.block_n == 64 || p.block_n == 128) && p.tiles == (n + p.block_n - 1) / p.block_n &&
+                        p.stages == (k + gpu::kDenseSm90StageK - 1) / gpu::kDenseSm90StageK &&
+                        p.units == p.tiles * p.stages;
+  if (!shape_ok) fail("a plan the kernel cannot run", n, k, sms, p);
+  const long most = (p.units + gpu::kDenseSm90MinUnitsPerCta - 1) / gpu::kDenseSm90MinUnitsPerCta;
+  if (p.ctas < 1 || p.ctas > sms || p.ctas > most) fail("CTA count", n, k, sms, p);
+  check_ranges(n, k, sms, p);
+  for (int width : {64, 128}) {
+    const DenseSm90Plan f = gpu::dense_sm90_plan(n, k, sms, width);
+    if (f.block_n != width) fail("forced width not taken", n, k, sms, f);
+  }
+  for (int ctas : {1, 3, sms}) {
+    const DenseSm90Plan f = gpu::dense_sm90_plan(n, k, sms, 0, ctas);
+    long want = ctas < sms ? ctas : sms;
+    want = want < f.units ? want : f.units;
+    if (f.ctas != want) fail("forced CTA count not taken", n, k, sms, f);
+    check_ranges(n, k, sms, f);
+  }
+}
+
+void expect(long n, long k, int sms, int block_n) {
+  const DenseSm90Plan p = gpu::dense_sm90_plan(n, k, sms);
+  if (p.block_n != block_n || p.ctas != sms) fail("round projection", n, k, sms, p);
 }
 
 }  // namespace
@@ -53,12 +79,12 @@ int main() {
   for (int sms : {1, 78, 108, 114, 132})
     for (long n : {1L, 7L, 64L, 65L, 576L, 960L, 4096L, 6144L, 24576L, 151936L})
       for (long k : {32L, 96L, 128L, 576L, 1536L, 4096L, 12288L}) check_valid(n, k, sms);
-  // Qwen3-8B's projections on an H100 / H200 (132 SMs): o, qkv, gate_up, down, lm_head.
-  expect(4096, 4096, 132, 64, 2);
-  expect(6144, 4096, 132, 64, 4);
-  expect(24576, 4096, 132, 64, 1);
-  expect(4096, 12288, 132, 64, 2);
-  expect(151936, 4096, 132, 128, 1);
+  // Qwen3-8B's projections on an H100 / H200 (132 SMs), one CTA an SM: o, qkv, gate_up, down, lm_head.
+  expect(4096, 4096, 132, 128);
+  expect(6144, 4096, 132, 128);
+  expect(24576, 4096, 132, 128);
+  expect(4096, 12288, 132, 128);
+  expect(151936, 4096, 132, 128);
   std::printf("%d failures\n", failures);
   return failures == 0 ? 0 : 1;
 }

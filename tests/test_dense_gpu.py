@@ -80,33 +80,79 @@ def test_dense_matmul_against_exact(m, n, k, dtype, kernel, monkeypatch):
     _assert_close_to_exact(ops.dense_matmul(x.to(DEV), wd, n), x, w)
 
 
+# The stream-K plan's knobs (dense_sm90_plan.h): the plan's own choice, one CTA (no tile is cut),
+# odd CTA counts that cut tiles at odd places (a tile then has up to ~20 contributors), one CTA
+# short of the SMs, and each tile width. "sms-1" is resolved on the card.
+HOPPER_KNOBS = {"plan": {}, "1 CTA": {"DSPINE_DENSE_SM90_CTAS": "1"},
+                "7 CTAs": {"DSPINE_DENSE_SM90_CTAS": "7"},
+                "sms-1 CTAs": {"DSPINE_DENSE_SM90_CTAS": "sms-1"},
+                "64 wide": {"DSPINE_DENSE_SM90_BN": "64"},
+                "128 wide, 29 CTAs": {"DSPINE_DENSE_SM90_BN": "128", "DSPINE_DENSE_SM90_CTAS": "29"}}
+
+
+def _set_knobs(monkeypatch, knobs):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, str(sms - 1) if value == "sms-1" else value)
+
+
 @needs_hopper_kernel
-@pytest.mark.parametrize("splits", ["plan", "1", "2", "4", "8"])
-@pytest.mark.parametrize("n,k", [(4096, 4096), (100, 96), (1000, 1056), (6144, 512)])
-def test_hopper_rows_do_not_depend_on_the_call(n, k, splits, monkeypatch):
-    """The Hopper kernel under its own plan and every forced split count (8 splits of one stage
-    leave CTAs with no k at all): row i alone, in the first m rows for every m up to 66 (16-,
-    32- and 64-row tiles, more row blocks), in another order: the same bits; and the values
-    right. Splits change which k each CTA sums, so each count is checked against itself."""
+@pytest.mark.parametrize("knobs", list(HOPPER_KNOBS), ids=list(HOPPER_KNOBS))
+@pytest.mark.parametrize("n,k", [(4096, 4096), (100, 96), (1000, 1056), (6144, 512), (17, 4096)])
+def test_hopper_rows_do_not_depend_on_the_call(n, k, knobs, monkeypatch):
+    """The Hopper kernel under its own plan and forced CTA counts and widths (which move the
+    stream-K cuts, so each is checked against itself): row i alone, in the first m rows for every
+    m up to 130 (16-, 32- and 64-row tiles, a second and third launch), in another order: the
+    same bits; and the values right."""
     assert _hopper_kernel_runs()
-    if splits != "plan":
-        monkeypatch.setenv("DSPINE_DENSE_SPLITS", splits)
-    x, w = _inputs(66, n, k, torch.bfloat16, seed=9)
+    _set_knobs(monkeypatch, HOPPER_KNOBS[knobs])
+    x, w = _inputs(130, n, k, torch.bfloat16, seed=9)
     x, wd = x.to(DEV), w.to(DEV)
-    full = ops.dense_matmul(x, wd, n, out=_poisoned((66, n), torch.bfloat16))
+    full = ops.dense_matmul(x, wd, n, out=_poisoned((130, n), torch.bfloat16))
     _assert_close_to_exact(full, x.cpu(), w)
     alone = torch.cat([ops.dense_matmul(x[i:i + 1], wd, n) for i in range(x.shape[0])])
     assert torch.equal(full, alone)
-    for m in (2, 15, 16, 17, 31, 32, 33, 63, 64, 65):
+    for m in (2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129):
         assert torch.equal(ops.dense_matmul(x[:m], wd, n), full[:m]), f"m = {m}"
     order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(10)).to(DEV)
     assert torch.equal(ops.dense_matmul(x[order], wd, n), full[order])
 
 
-def test_a_bad_split_count_is_an_error(monkeypatch):
-    monkeypatch.setenv("DSPINE_DENSE_SPLITS", "3")
+@needs_hopper_kernel
+def test_hopper_kernel_in_a_graph_captured_first_on_a_new_stream():
+    """The stream-K workspace of a stream first seen inside a CUDA graph's capture (allocated and
+    zeroed outside the capture): the replays and eager calls on that stream give the eager bits,
+    two shapes in one graph share it, and a second stream's calls keep their own."""
+    assert _hopper_kernel_runs()
+    (x1, w1), (x2, w2) = _inputs(16, 6144, 4096, torch.bfloat16, 3), _inputs(16, 4096, 12288, torch.bfloat16, 4)
+    x1, w1, x2, w2 = x1.to(DEV), w1.to(DEV), x2.to(DEV), w2.to(DEV)
+    want1, want2 = ops.dense_matmul(x1, w1, 6144), ops.dense_matmul(x2, w2, 4096)
+    stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        got1 = ops.dense_matmul(x1, w1, 6144)
+        got2 = ops.dense_matmul(x2, w2, 4096)
+    for _ in range(3):
+        got1.fill_(float("nan")), got2.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got1, want1) and torch.equal(got2, want2)
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        on_stream = ops.dense_matmul(x1, w1, 6144)
+    with torch.cuda.stream(other):
+        on_other = ops.dense_matmul(x2, w2, 4096)
+    torch.cuda.synchronize()
+    assert torch.equal(on_stream, want1) and torch.equal(on_other, want2)
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("DSPINE_DENSE_SM90_BN", "96", "DSPINE_DENSE_SM90_BN must be 64 or 128"),
+    ("DSPINE_DENSE_SM90_CTAS", "100000", "DSPINE_DENSE_SM90_CTAS must be 1 to"),
+    ("DSPINE_DENSE_SM90_CTAS", "-1", "DSPINE_DENSE_SM90_CTAS must be 1 to")])
+def test_a_bad_hopper_knob_is_an_error(name, value, message, monkeypatch):
+    monkeypatch.setenv(name, value)
     x, w = _inputs(4, 64, 96, torch.bfloat16)
-    with pytest.raises(RuntimeError, match="DSPINE_DENSE_SPLITS must be 1, 2, 4 or 8"):
+    with pytest.raises(RuntimeError, match=message):
         ops.dense_matmul(x.to(DEV), w.to(DEV), 64)
 
 

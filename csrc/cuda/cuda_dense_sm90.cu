@@ -6,7 +6,9 @@
 #include "sm90_host.h"  // first: before CUTLASS (sm90_host.h says why)
 
 #include <atomic>
-#include <type_traits>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "dense_sm90.cuh"
 #include "dense_sm90.h"
@@ -27,43 +29,74 @@ bool encode_rows_map(CUtensorMap* map, const void* data, int64_t rows, int64_t k
   return encode_swizzled_map<T>(map, 2, data, dims, strides, box);
 }
 
-template <typename T, int BN, int RT, bool CLUSTER>
-bool launch_tile(const DenseParams& p, int splits, cudaStream_t stream) {
+// One workspace per device and stream (launches on one stream are ordered, so they may share
+// it; two streams may not): G partial slots of 64 rows x 128 columns (fp32) and G flags, G = the
+// SM count. Allocated at the first launch on the stream and never freed; the flags start at 0
+// (set on a private stream, outside any capture, so a first launch inside a CUDA graph's capture
+// finds them ready too) and every launch leaves them at 0.
+DenseSm90Workspace workspace_for(cudaStream_t stream, int num_sms) {
+  static std::mutex lock;
+  static std::map<std::pair<int, cudaStream_t>, DenseSm90Workspace> spaces;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return {nullptr, nullptr};
+  const std::lock_guard<std::mutex> guard(lock);
+  const auto key = std::make_pair(device, stream);
+  const auto found = spaces.find(key);
+  if (found != spaces.end()) return found->second;
+  const size_t partial_bytes = static_cast<size_t>(num_sms) * kDenseSm90MaxRows * 128 * sizeof(float);
+  const size_t bytes = partial_bytes + static_cast<size_t>(num_sms) * sizeof(int);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // allocation is legal during a capture
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  void* base = nullptr;
+  cudaStream_t init = nullptr;
+  bool ok = cudaMalloc(&base, bytes) == cudaSuccess &&
+            cudaStreamCreateWithFlags(&init, cudaStreamNonBlocking) == cudaSuccess &&
+            cudaMemsetAsync(static_cast<char*>(base) + partial_bytes, 0, bytes - partial_bytes, init) == cudaSuccess &&
+            cudaStreamSynchronize(init) == cudaSuccess;
+  if (init != nullptr) cudaStreamDestroy(init);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (!ok) {
+    if (base != nullptr) cudaFree(base);
+    cudaGetLastError();  // the caller reports the failure (launch_dense_sm90 returns false)
+    return {nullptr, nullptr};
+  }
+  DenseSm90Workspace w{static_cast<float*>(base), reinterpret_cast<int*>(static_cast<char*>(base) + partial_bytes)};
+  spaces.emplace(key, w);
+  return w;
+}
+
+// One launch: up to 64 rows of x (p.x, p.y already at the launch's first row).
+template <typename T, int BN, int RT>
+bool launch_rows(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work,
+                 cudaStream_t stream) {
   using C = DenseSm90Tile<T, BN, RT>;
   DenseSm90Maps maps{};
   if (!encode_rows_map<T>(&maps.w, p.w, p.n, p.k, p.k, BN) ||
       !encode_rows_map<T>(&maps.x, p.x, p.m, p.k, p.x_stride, C::kRows))
     return false;
-  constexpr auto kernel = dense_sm90_kernel<T, BN, RT, CLUSTER>;
+  constexpr auto kernel = dense_sm90_kernel<T, BN, RT>;
   allow_max_dynamic_smem<kernel>();
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(splits), static_cast<unsigned>(ceil_div(p.n, BN)),
-                        static_cast<unsigned>(ceil_div(p.m, C::kRows)));
+  config.gridDim = dim3(static_cast<unsigned>(plan.ctas));
   config.blockDim = dim3(C::kThreads);
   config.dynamicSmemBytes = C::kSmemBytes;
   config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(splits);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = CLUSTER ? 1 : 0;
-  cudaLaunchKernelEx(&config, kernel, p, maps);  // a launch error is the caller's launch check
+  cudaLaunchAttribute cooperative{};  // all CTAs resident: an owner's wait always ends
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  config.attrs = &cooperative;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, p, maps, plan, work);  // a launch error is the caller's launch check
   return true;
 }
 
-template <typename T, int BN, int RT>
-bool launch_rows(const DenseParams& p, int splits, cudaStream_t stream) {
-  return splits > 1 ? launch_tile<T, BN, RT, true>(p, splits, stream) : launch_tile<T, BN, RT, false>(p, splits, stream);
-}
-
 template <typename T, int BN>
-bool launch_cols(const DenseParams& p, int splits, cudaStream_t stream) {
-  // Row tiles: the fewest of 16, 32, 64 rows that hold m (64 past that, more row blocks).
-  if (p.m <= 16) return launch_rows<T, BN, 1>(p, splits, stream);
-  if (p.m <= 32) return launch_rows<T, BN, 2>(p, splits, stream);
-  return launch_rows<T, BN, 4>(p, splits, stream);
+bool launch_cols(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work,
+                 cudaStream_t stream) {
+  // Row tiles: the fewest of 16, 32, 64 rows that hold the launch's rows.
+  if (p.m <= 16) return launch_rows<T, BN, 1>(p, plan, work, stream);
+  if (p.m <= 32) return launch_rows<T, BN, 2>(p, plan, work, stream);
+  return launch_rows<T, BN, 4>(p, plan, work, stream);
 }
 }  // namespace
 
@@ -72,25 +105,34 @@ template <typename T>
 bool dense_sm90_runnable() {
   static std::atomic<int> cached[64];
   return tensor_map_encoder() != nullptr &&
-         sm90_images_run(cached, {reinterpret_cast<const void*>(dense_sm90_kernel<T, 64, 1, false>)});
+         sm90_images_run(cached, {reinterpret_cast<const void*>(dense_sm90_kernel<T, 64, 1>)});
 }
 
 template <typename T>
-bool launch_dense_sm90(const DenseParams& p, int num_sms, int forced_splits, cudaStream_t stream) {
-  const DenseSm90Plan plan = dense_sm90_plan(p.n, p.k, num_sms, forced_splits);
-  if (ceil_div(p.n, plan.block_n) > 65535 || ceil_div(p.m, 64) > 65535) return false;  // grid y / z
-  const bool launched = plan.block_n == 128 ? launch_cols<T, 128>(p, plan.splits, stream)
-                                            : launch_cols<T, 64>(p, plan.splits, stream);
-  if (launched) g_dense_sm90_launches.fetch_add(1, std::memory_order_relaxed);
-  return launched;
+bool launch_dense_sm90(const DenseParams& p, int num_sms, const DenseSm90Knobs& knobs, cudaStream_t stream) {
+  const DenseSm90Plan plan = dense_sm90_plan(p.n, p.k, num_sms, knobs.block_n, knobs.ctas);
+  const DenseSm90Workspace work = workspace_for(stream, num_sms);
+  if (work.partials == nullptr) return false;
+  // 64 rows a launch, in order on the stream (they share the workspace).
+  for (int row0 = 0; row0 < p.m; row0 += kDenseSm90MaxRows) {
+    DenseParams part = p;
+    part.m = p.m - row0 < kDenseSm90MaxRows ? p.m - row0 : kDenseSm90MaxRows;
+    part.x = static_cast<const T*>(p.x) + static_cast<int64_t>(row0) * p.x_stride;
+    part.y = static_cast<T*>(p.y) + static_cast<int64_t>(row0) * p.n;
+    const bool launched = plan.block_n == 128 ? launch_cols<T, 128>(part, plan, work, stream)
+                                              : launch_cols<T, 64>(part, plan, work, stream);
+    if (!launched) return false;
+    g_dense_sm90_launches.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
 }
 
 int64_t dense_sm90_launches() { return g_dense_sm90_launches.load(std::memory_order_relaxed); }
 
 template bool dense_sm90_runnable<__nv_bfloat16>();
 template bool dense_sm90_runnable<__half>();
-template bool launch_dense_sm90<__nv_bfloat16>(const DenseParams&, int, int, cudaStream_t);
-template bool launch_dense_sm90<__half>(const DenseParams&, int, int, cudaStream_t);
+template bool launch_dense_sm90<__nv_bfloat16>(const DenseParams&, int, const DenseSm90Knobs&, cudaStream_t);
+template bool launch_dense_sm90<__half>(const DenseParams&, int, const DenseSm90Knobs&, cudaStream_t);
 
 }  // namespace gpu
 }  // namespace dspine

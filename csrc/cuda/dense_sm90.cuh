@@ -9,20 +9,26 @@
 // Operands swapped: the wgmma's M is 64 output columns (W rows, K-major A in shared memory), its N
 // 16 rows of x (K-major B), so 1-64 rows cost one m64n16k16 per 64 columns, 16 rows and 16 k.
 // CTA = one consumer warpgroup (threads 0-127: the wgmmas) + one producer warp (thread 128 issues
-// the TMA loads): BN = 64 or 128 output columns, RT x 16 rows, and one k split of the plan
-// (dense_sm90_plan.h). A stage holds 128 k of W (BN rows) and of x (RT x 16 rows, rows past m
-// zero-filled by the TMA unit, as are k past the end); the ring has as many stages as fit ~200 KB
-// (4-8), all of them in flight. The k splits of a column tile are the CTAs of one cluster: each
-// leaves its fp32 partial sums in its shared memory, and CTA r adds the cluster's partials for its
-// 1/splits of the columns in rank order (distributed shared memory) and writes them.
+// the TMA loads). A unit is 128 k of one tile of BN columns; a stage of the ring holds a unit's W
+// (BN rows) and x (RT x 16 rows, rows past m zero-filled by the TMA unit, as are k past the end).
 //
-// One reduction order per output: an output is summed over its split's k stages in order, 16 k a
-// wgmma, the splits added in rank order, and nothing of that depends on m, the row tile RT, the
-// tile width BN or the grid (the plan depends on n, k and the GPU only), so a row is bitwise the
-// same alone, in a decode step or in a verify block (tests/test_dense_gpu.py).
+// Stream-K (dense_sm90_plan.h): CTA c of G streams the units [c U / G, (c + 1) U / G) through its
+// ring without a break, tile after tile, so every SM reads the same share of the weight in one
+// round (a grid of whole tiles and k splits ran 3 rounds of short-lived CTAs on Qwen3-8B's qkv,
+// each filling and draining its pipeline: 25.3 us against cuBLAS's 16.2 on the H200). A CTA's
+// range cuts at most two tiles: the first piece, if it ends a tile another CTA began, is held in
+// registers until the range is done; the last, if it does not end its tile, goes to the
+// workspace as fp32 partial sums and a flag is raised. The owner of a cut tile (the CTA with its
+// last unit) then waits for its contributors' flags, adds their partials in CTA order and its
+// own piece last, writes y and lowers the flags for the next launch. Owners only wait for lower
+// CTAs, whose flags are raised at the end of their own ranges, and the launch is cooperative (all
+// CTAs resident), so the waits end.
+//
+// One reduction order per output: an output is summed over each piece's units in k order, 16 k a
+// wgmma, the pieces added in CTA order, and nothing of that depends on m, the row tile RT or the
+// launch (the plan depends on n, k and the GPU only), so a row is bitwise the same alone, in a
+// decode step or in a verify block (tests/test_dense_gpu.py).
 #pragma once
-
-#include <cooperative_groups.h>
 
 #include <cutlass/arch/barrier.h>
 
@@ -38,15 +44,15 @@ namespace gpu {
 template <typename T, int BN, int RT>
 struct DenseSm90Tile {
   using E = typename CuteElem<T>::type;
-  static_assert(BN == 64 || BN == 128, "64 or 128 output columns a CTA");
+  static_assert(BN == 64 || BN == 128, "64 or 128 output columns a tile");
   static_assert(RT == 1 || RT == 2 || RT == 4, "16, 32 or 64 rows a CTA");
   static constexpr int kBlockN = BN;
   static constexpr int kRows = 16 * RT;
   static constexpr int kStageK = kDenseSm90StageK;
   static constexpr int kBoxK = 64;  // one 128-byte swizzle row of k a TMA box
   static constexpr int kStageBytes = (BN + kRows) * kStageK * static_cast<int>(sizeof(E));
-  static constexpr int kRingBudget = 200 * 1024;
-  static constexpr int kStages = kRingBudget / kStageBytes > 8 ? 8 : kRingBudget / kStageBytes;
+  static constexpr int kRingBudget = 208 * 1024;
+  static constexpr int kStages = kRingBudget / kStageBytes > 12 ? 12 : kRingBudget / kStageBytes;
   static_assert(kStages >= 3, "a ring of at least three stages");
   static constexpr int kThreads = 128 + 32;  // consumer warpgroup, producer warp
   static constexpr int kProducerThread = 128;
@@ -67,8 +73,6 @@ struct DenseSm90Tile {
   static constexpr size_t kSmemBytes = 1024 + kWBytes + kXBytes + kBarrierBytes;
   static_assert(kWBytes % 1024 == 0 && kXBytes % 1024 == 0, "rings keep the 1024-byte alignment");
   static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM");
-  // The partial sums [kRows][BN] (fp32) reuse the W ring once the last stage is consumed.
-  static_assert(kRows * BN * sizeof(float) <= kWBytes, "the partial sums fit the W ring");
 };
 
 // The weight ([n, k], boxes of BN rows x 64 k) and x ([m, k] at x_stride, boxes of 16 RT rows x
@@ -77,11 +81,59 @@ struct DenseSm90Maps {
   CUtensorMap w, x;
 };
 
-// grid: (splits, column tiles, row blocks), clusters of `splits` CTAs along x (CLUSTER: splits >
-// 1); block: kThreads; dynamic shared memory kSmemBytes. p.m, p.n, p.k as DenseParams says.
-template <typename T, int BN, int RT, bool CLUSTER>
+// What the CTAs of a launch share (cuda_dense_sm90.cu keeps one per device and stream): a
+// partial-sum slot and a flag a CTA. A flag is 1 from the moment its CTA's partials are written
+// until the owner of their tile has read them, 0 otherwise (so 0 between launches).
+struct DenseSm90Workspace {
+  float* partials;  // [ctas][kDenseSm90MaxRows * 128]
+  int* flags;       // [ctas]
+};
+
+#if DSPINE_SM90_DEVICE_CODE
+namespace dense_sm90 {
+
+// The 128 consumer threads only (the producer thread may still be issuing loads).
+__device__ __forceinline__ void consumers_sync() { cutlass::arch::NamedBarrier::sync(128, 1); }
+
+__device__ __forceinline__ int load_acquire(const int* flag) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_release(int* flag, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(v) : "memory");
+}
+
+// Waits for a contributor's flag; a wait of seconds is a broken launch (a bug), which traps
+// instead of hanging the process.
+__device__ __forceinline__ void wait_for_flag(const int* flag) {
+  for (int64_t spins = 0; load_acquire(flag) != 1; ++spins) {
+    if (spins > (int64_t{1} << 26)) __trap();
+    __nanosleep(64);
+  }
+}
+
+// y[row, n0 + col] for the accumulators `acc` (coords: their (column, row) in the tile).
+template <typename T, class Acc, class Coords>
+__device__ __forceinline__ void store_y(const DenseParams& p, const Acc& acc, const Coords& coords, int n0) {
+  T* y = static_cast<T*>(p.y);
+#pragma unroll
+  for (int j = 0; j < cute::size(acc); ++j) {
+    const int col = n0 + cute::get<0>(coords(j)), row = cute::get<1>(coords(j));
+    if (row < p.m && col < p.n) y[static_cast<int64_t>(row) * p.n + col] = from_float<T>(acc(j));
+  }
+}
+
+}  // namespace dense_sm90
+#endif
+
+// grid: plan.ctas CTAs (cooperative: all resident); block: kThreads; dynamic shared memory
+// kSmemBytes. p.m <= 16 RT rows (a launch per 64 rows), p.n, p.k as DenseParams says.
+template <typename T, int BN, int RT>
 __global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT>::kThreads, 1)
-    dense_sm90_kernel(const DenseParams p, const __grid_constant__ DenseSm90Maps maps) {
+    dense_sm90_kernel(const DenseParams p, const __grid_constant__ DenseSm90Maps maps, const DenseSm90Plan plan,
+                      const DenseSm90Workspace work) {
 #if DSPINE_SM90_DEVICE_CODE
   using namespace cute;
   using C = DenseSm90Tile<T, BN, RT>;
@@ -97,13 +149,9 @@ __global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT>::kThreads, 1)
   Tensor sW = make_tensor(make_smem_ptr(w_ptr), typename C::SmemLayoutW{});
   Tensor sX = make_tensor(make_smem_ptr(x_ptr), typename C::SmemLayoutX{});
 
-  // This CTA's split of k: stages [s0, s1) of the call's ceil(k / 128).
-  const int splits = static_cast<int>(gridDim.x), split = static_cast<int>(blockIdx.x);
-  const int all_stages = (p.k + C::kStageK - 1) / C::kStageK;
-  const int s0 = static_cast<int>(static_cast<int64_t>(all_stages) * split / splits);
-  const int s1 = static_cast<int>(static_cast<int64_t>(all_stages) * (split + 1) / splits);
-  const int n_stages = s1 - s0;
-  const int n0 = static_cast<int>(blockIdx.y) * BN, row0 = static_cast<int>(blockIdx.z) * C::kRows;
+  const int cta = static_cast<int>(blockIdx.x);
+  const int64_t u0 = plan.unit_begin(cta), u1 = plan.unit_begin(cta + 1);
+  const int n_units = static_cast<int>(u1 - u0);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kStages; ++s) {
@@ -114,72 +162,88 @@ __global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT>::kThreads, 1)
   }
   __syncthreads();
 
-  typename C::TiledMma mma;
-  auto thr = mma.get_thread_slice(threadIdx.x % 128);
-  Tensor acc = partition_fragment_C(mma, Shape<Int<BN>, Int<C::kRows>>{});  // (MMA, BN / 64, RT)
   if (threadIdx.x == C::kProducerThread) {
     // ---------------------------------------------------------------- producer
     prefetch_tma_descriptor(&maps.w);
     prefetch_tma_descriptor(&maps.x);
     constexpr uint64_t kStream = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_FIRST);  // W: read once
     constexpr uint64_t kKeep = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_LAST);     // x: every CTA
-    for (int i = 0; i < n_stages; ++i) {
+    for (int i = 0; i < n_units; ++i) {
       const int stage = i % C::kStages;
+      const int64_t u = u0 + i;
+      const int n0 = static_cast<int>(u / plan.stages) * BN, k0 = static_cast<int>(u % plan.stages) * C::kStageK;
       Bar::wait(&empty[stage], ((i / C::kStages) & 1) ^ 1);  // a fresh barrier passes parity 1
       TxBar::arrive_and_expect_tx(&full[stage], static_cast<uint32_t>(C::kStageBytes));
-      const int k0 = (s0 + i) * C::kStageK;
 #pragma unroll
       for (int b = 0; b < C::kStageK / C::kBoxK; ++b) {
         SM90_TMA_LOAD_2D::copy(&maps.w, &full[stage], kStream, &sW(0, b * C::kBoxK, stage), k0 + b * C::kBoxK, n0);
-        SM90_TMA_LOAD_2D::copy(&maps.x, &full[stage], kKeep, &sX(0, b * C::kBoxK, stage), k0 + b * C::kBoxK, row0);
+        SM90_TMA_LOAD_2D::copy(&maps.x, &full[stage], kKeep, &sX(0, b * C::kBoxK, stage), k0 + b * C::kBoxK, 0);
       }
     }
   } else if (threadIdx.x < 128) {
     // ---------------------------------------------------------------- consumer warpgroup
+    const int tid = static_cast<int>(threadIdx.x);
+    typename C::TiledMma mma;
+    auto thr = mma.get_thread_slice(tid);
+    Tensor acc = partition_fragment_C(mma, Shape<Int<BN>, Int<C::kRows>>{});  // (MMA, BN / 64, RT)
+    Tensor head = make_fragment_like(acc);  // the first piece, when it finishes a tile begun before
+    const Tensor coords = thr.partition_C(make_identity_tensor(Shape<Int<BN>, Int<C::kRows>>{}));
     Tensor tA = thr.partition_fragment_A(sW);  // descriptors (MMA, BN / 64, 128 / 16, stages)
     Tensor tB = thr.partition_fragment_B(sX);  // descriptors (MMA, RT, 128 / 16, stages)
+    int64_t head_tile = -1;
     clear(acc);
-    for (int i = 0; i < n_stages; ++i) {
+    for (int i = 0; i < n_units; ++i) {
       const int stage = i % C::kStages;
+      const int64_t u = u0 + i, tile = u / plan.stages;
       Bar::wait(&full[stage], (i / C::kStages) & 1);
       wgmma_issue<false, false>(mma, tA(_, _, _, stage), tB(_, _, _, stage), acc);
-      wgmma_wait<1>(acc);  // stage i - 1's wgmmas retired: its buffers go back to the producer
+      wgmma_wait<1>(acc);  // unit i - 1's wgmmas retired: its stage goes back to the producer
       if (i > 0) Bar::arrive(&empty[(i - 1) % C::kStages]);
+      if (u % plan.stages != plan.stages - 1) continue;
+      // The tile ends here: y, or, if another CTA began it, the first piece kept for after the range.
+      wgmma_wait<0>(acc);
+      if (u0 <= tile * plan.stages) {
+        dense_sm90::store_y<T>(p, acc, coords, static_cast<int>(tile) * BN);
+      } else {
+        copy(acc, head);
+        head_tile = tile;
+      }
+      clear(acc);
     }
-    wgmma_wait<0>(acc);
-  }
-  // Every wgmma has retired and every load landed (the consumers waited for all of them): the W
-  // ring takes the partial sums, [kRows][BN] fp32, row-major.
-  __syncthreads();
-  float* partial = reinterpret_cast<float*>(w_ptr);
-  if (threadIdx.x < 128) {
-    Tensor coords = thr.partition_C(make_identity_tensor(Shape<Int<BN>, Int<C::kRows>>{}));
+    wgmma_wait<0>(acc);  // unconditional: a wait on one path only makes ptxas serialize the wgmmas
+    if (u1 % plan.stages != 0) {
+      // The range ends inside a tile (the last piece): its partials for the tile's owner.
+      float* slot = work.partials + static_cast<int64_t>(cta) * (kDenseSm90MaxRows * 128);
 #pragma unroll
-    for (int j = 0; j < size(acc); ++j) {
-      const int col = get<0>(coords(j)), row = get<1>(coords(j));
-      partial[row * BN + col] = acc(j);
+      for (int j = 0; j < size(acc); ++j) __stcg(slot + j * 128 + tid, acc(j));
+      __threadfence();
+      dense_sm90::consumers_sync();
+      if (tid == 0) dense_sm90::store_release(work.flags + cta, 1);
+    }
+    if (head_tile >= 0) {
+      // The tile's contributors, lowest CTA first; their partials in that order, this CTA's last.
+      const int first = plan.first_cta_of_tile(head_tile, cta);
+      if (tid == 0)
+        for (int c = first; c < cta; ++c) dense_sm90::wait_for_flag(work.flags + c);
+      dense_sm90::consumers_sync();
+      const float* slot = work.partials + static_cast<int64_t>(first) * (kDenseSm90MaxRows * 128);
+#pragma unroll
+      for (int j = 0; j < size(acc); ++j) acc(j) = __ldcg(slot + j * 128 + tid);
+      for (int c = first + 1; c < cta; ++c) {
+        slot = work.partials + static_cast<int64_t>(c) * (kDenseSm90MaxRows * 128);
+#pragma unroll
+        for (int j = 0; j < size(acc); ++j) acc(j) += __ldcg(slot + j * 128 + tid);
+      }
+#pragma unroll
+      for (int j = 0; j < size(acc); ++j) acc(j) += head(j);
+      dense_sm90::store_y<T>(p, acc, coords, static_cast<int>(head_tile) * BN);
+      // Read by every consumer thread before the flags drop (the next launch's writers wait for
+      // this one to end anyway; the sync keeps a flag's meaning within the launch).
+      dense_sm90::consumers_sync();
+      if (tid == 0)
+        for (int c = first; c < cta; ++c) dense_sm90::store_release(work.flags + c, 0);
     }
   }
-  // CTA `split` adds the cluster's partials for its share of the columns, in rank order.
-  namespace cg = cooperative_groups;
-  if constexpr (CLUSTER) cg::this_cluster().sync(); else __syncthreads();
-  const int share = BN / splits;  // splits is a power of two <= 8, BN 64 or 128
-  const int rows = min(C::kRows, p.m - row0);
-  T* y = static_cast<T*>(p.y);
-  for (int e = threadIdx.x; e < rows * share; e += C::kThreads) {
-    const int row = e / share, col = split * share + e % share;
-    if (n0 + col >= p.n) continue;
-    float v;
-    if constexpr (CLUSTER) {
-      cg::cluster_group cluster = cg::this_cluster();
-      v = cluster.map_shared_rank(partial, 0)[row * BN + col];
-      for (int r = 1; r < splits; ++r) v += cluster.map_shared_rank(partial, r)[row * BN + col];
-    } else {
-      v = partial[row * BN + col];
-    }
-    y[static_cast<int64_t>(row0 + row) * p.n + n0 + col] = from_float<T>(v);
-  }
-  if constexpr (CLUSTER) cg::this_cluster().sync();  // no CTA leaves while others read its partials
 #else
   __trap();  // no sm_90a image in this pass; dense_sm90_runnable() keeps launches away
 #endif

@@ -13,6 +13,14 @@
 namespace dspine {
 namespace gpu {
 
+// Tuning and test aids (0: the plan's choice): the tile width, 64 or 128 columns
+// (DSPINE_DENSE_SM90_BN), and the CTA count, 1 up to the SM count (DSPINE_DENSE_SM90_CTAS; it moves
+// where the stream-K ranges cut the tiles).
+struct DenseSm90Knobs {
+  int block_n = 0;
+  int ctas = 0;
+};
+
 #if defined(DSPINE_WITH_SM90)
 // True when the sm_90a kernels of element type T have an image that runs on the current device
 // and the driver encodes tensor maps. Cached per device.
@@ -20,11 +28,11 @@ template <typename T>
 bool dense_sm90_runnable();
 
 // y = x W^T on p (shapes checked by the caller: k % 32 == 0, x rows and W 16-byte aligned, m, n
-// > 0), cut as dense_sm90_plan(n, k, num_sms, forced_splits) says. Only where
-// dense_sm90_runnable<T>() holds. Returns false (nothing launched) if the driver refuses a
-// tensor map or the call needs more than 65535 column tiles or row blocks (the grid's y / z).
+// > 0), shared among CTAs as dense_sm90_plan(n, k, num_sms, knobs) says, one launch per 64 rows.
+// Only where dense_sm90_runnable<T>() holds. Returns false (nothing, or only whole 64-row blocks,
+// launched) if the driver refuses a tensor map or the stream's workspace cannot be allocated.
 template <typename T>
-bool launch_dense_sm90(const DenseParams& p, int num_sms, int forced_splits, cudaStream_t stream);
+bool launch_dense_sm90(const DenseParams& p, int num_sms, const DenseSm90Knobs& knobs, cudaStream_t stream);
 
 // Launches of the sm_90a kernels since the process started (the GPU tests check the path ran).
 int64_t dense_sm90_launches();
@@ -32,7 +40,7 @@ int64_t dense_sm90_launches();
 template <typename T>
 inline bool dense_sm90_runnable() { return false; }
 template <typename T>
-inline bool launch_dense_sm90(const DenseParams&, int, int, cudaStream_t) { return false; }
+inline bool launch_dense_sm90(const DenseParams&, int, const DenseSm90Knobs&, cudaStream_t) { return false; }
 inline int64_t dense_sm90_launches() { return 0; }
 #endif
 

@@ -1,56 +1,69 @@
-// How the Hopper dense GEMM (dense_sm90.cuh) cuts a call: output columns a CTA and k splits.
+// How the Hopper dense GEMM (dense_sm90.cuh) shares a call among its CTAs: stream-K. The weight
+// is cut into units of 128 k of one column tile (a pipeline stage), numbered tile by tile
+// (unit u is stage u % stages of tile u / stages), and CTA c of G takes the contiguous units
+// [c U / G, (c + 1) U / G): every CTA streams the same number of weight bytes (+-1 stage), one
+// round, whatever the shape, and the pipeline never drains between tiles. A tile cut between
+// CTAs is finished by the CTA holding its last unit (its "owner"): it adds the partial sums the
+// earlier CTAs left in the workspace, in CTA order, to its own.
+//
 // Host-only and torch-free (tests/dense_sm90_plan_check.cpp compiles it with the host compiler in
-// CI). The plan depends on n, k and the SM count only, never on the rows: a row's arithmetic
-// (which k each split sums, the order the splits meet) is then the same in every call, so a row
-// is bitwise the same alone, in a decode step or in a verify block.
+// CI); the kernel uses the same unit arithmetic. The plan depends on n, k and the SM count only,
+// never on the rows: which units a CTA sums and the order the pieces meet are then the same in
+// every call, so a row is bitwise the same alone, in a decode step or in a verify block.
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
+
+#if defined(__CUDACC__)
+#define DSPINE_PLAN_HD __host__ __device__
+#else
+#define DSPINE_PLAN_HD
+#endif
 
 namespace dspine {
 namespace gpu {
 
-constexpr int kDenseSm90StageK = 128;  // k a pipeline stage holds (two 64-column TMA boxes)
-constexpr int kDenseSm90MaxSplits = 8;  // k splits = CTAs of a cluster (portable cluster size)
-// A split keeps at least this many stages (its pipeline fills and drains once): fewer splits
-// where k is short.
-constexpr int kDenseSm90MinStagesPerSplit = 4;
+constexpr int kDenseSm90StageK = 128;  // k a unit (pipeline stage) holds: two 64-k TMA boxes
+constexpr int kDenseSm90MaxRows = 64;  // rows a launch; more rows are more launches
+// A CTA takes at least this many units (small weights use fewer CTAs, so a tile is not cut into
+// more pieces than its k holds stages of a short pipeline).
+constexpr int kDenseSm90MinUnitsPerCta = 4;
 
 struct DenseSm90Plan {
-  int block_n;  // output columns a CTA: 128 or 64 (one or two m64 wgmmas a k step)
-  int splits;   // k splits, 1, 2, 4 or 8: the CTAs of a cluster, reduced in rank order
-  int64_t ctas_per_row_block;
+  int block_n = 64;     // output columns a tile: 64 or 128 (one or two m64 wgmmas a k step)
+  int64_t tiles = 0;    // ceil(n / block_n)
+  int64_t stages = 0;   // units a tile: ceil(k / 128)
+  int64_t units = 0;    // tiles x stages
+  int ctas = 1;         // G: one a streaming SM, at most units / kDenseSm90MinUnitsPerCta
+
+  // The first unit of CTA c (c = ctas: the end of the last CTA's range).
+  DSPINE_PLAN_HD int64_t unit_begin(int c) const { return units * c / ctas; }
+  // The CTA that holds the first unit of tile t (the first of its contributors).
+  DSPINE_PLAN_HD int first_cta_of_tile(int64_t t, int owner) const {
+    int c = owner;
+    while (unit_begin(c) > t * stages) --c;
+    return c;
+  }
 };
 
-// The weight is read once whatever the plan, so the plan is about keeping every SM streaming:
-// one CTA an SM (the ring takes most of its shared memory), CTAs all doing the same work, so the
-// kernel takes ceil(ctas / SMs) rounds of equal length, i.e. time ~ rounds / ctas. The plan with
-// the best share of busy SM rounds, ctas / (rounds x SMs), wins; among plans within 2% of each
-// other the first in the order tried: fewer splits (fewer partial sums, smaller clusters), then
-// wider tiles (less re-reading of x). Qwen3-8B on 132 SMs: o (4096 x 4096) and down (k 12288)
-// 64 columns x 2 splits (128 CTAs), qkv (n 6144) 64 x 4 (384), gate_up (24576) 64 x 1 (384).
-// forced_splits (1, 2, 4, 8; DSPINE_DENSE_SPLITS) fixes the split count (tuning and tests).
-inline DenseSm90Plan dense_sm90_plan(int64_t n, int64_t k, int num_sms, int forced_splits = 0) {
-  const int64_t stages = (k + kDenseSm90StageK - 1) / kDenseSm90StageK;
-  const int64_t sms = num_sms > 0 ? num_sms : 1;
-  DenseSm90Plan best{128, 1, (n + 127) / 128};
-  double best_share = -1.0;
-  for (int splits = 1; splits <= kDenseSm90MaxSplits; splits *= 2) {
-    if (forced_splits > 0 && splits != forced_splits) continue;
-    if (forced_splits == 0 && splits > 1 && stages < static_cast<int64_t>(splits) * kDenseSm90MinStagesPerSplit)
-      continue;
-    for (int block_n : {128, 64}) {
-      const int64_t ctas = (n + block_n - 1) / block_n * splits;
-      const int64_t rounds = (ctas + sms - 1) / sms;
-      const double share = static_cast<double>(ctas) / static_cast<double>(rounds * sms);
-      if (share > best_share * 1.02) {
-        best = {block_n, splits, ctas};
-        best_share = share;
-      }
-    }
-  }
-  return best;
+// Tiles of 128 columns halve the re-reads of x (one x stage for every 128 weight rows instead of
+// 64) where n is large; 64 where n is small keeps the padding of a last, partial tile low.
+// forced_block_n (64 or 128; DSPINE_DENSE_SM90_BN) and forced_ctas (1..num_sms;
+// DSPINE_DENSE_SM90_CTAS) fix either (tuning and tests: a forced G moves the cuts, so a test can
+// put them anywhere).
+inline DenseSm90Plan dense_sm90_plan(int64_t n, int64_t k, int num_sms, int forced_block_n = 0, int forced_ctas = 0) {
+  DenseSm90Plan p;
+  p.block_n = forced_block_n == 64 || forced_block_n == 128 ? forced_block_n : (n >= 2048 ? 128 : 64);
+  p.tiles = (n + p.block_n - 1) / p.block_n;
+  p.stages = (k + kDenseSm90StageK - 1) / kDenseSm90StageK;
+  p.units = p.tiles * p.stages;
+  const int64_t by_units = (p.units + kDenseSm90MinUnitsPerCta - 1) / kDenseSm90MinUnitsPerCta;
+  int64_t ctas = num_sms > 0 ? num_sms : 1;
+  if (forced_ctas > 0) ctas = forced_ctas < ctas ? forced_ctas : ctas;
+  else if (by_units < ctas) ctas = by_units;
+  if (ctas > p.units) ctas = p.units;  // never an empty range
+  p.ctas = static_cast<int>(ctas > 0 ? ctas : 1);
+  return p;
 }
 
 }  // namespace gpu
