@@ -31,7 +31,8 @@
 #   segments     the row-exact mode's decode / verify at 256 and SEGMENTS (128) keys a segment
 #                (DSPINE_ATTN_EXACT_SEGMENT), 1K and 8K
 #   round        the Qwen3-8B-shaped round at batch 1 and 8 (ROUND_BATCHES), 1K context, kernel by kernel
-#                (step_table.py --kernels; random weights, no staged model)
+#                (step_table.py --kernels; random weights, no staged model), projections on cuBLAS
+#                (DSPINE_DENSE_CUDA=0)
 #   ncu          one profiled launch of the sm90 prefill kernel at 8K (ncu-async: with
 #                DSPINE_SM90_ARRIVE=async). Every ncu word also writes its SASS source page
 #                (ncu_<name>_sass.csv) and prints its summary (ncu_sass_summary.py: by opcode,
@@ -143,8 +144,8 @@ for b in ${BENCH:-}; do case $b in
       BENCH_COLS=2-7,18-19 bench segments_$seg --modes decode verify --shapes Qwen3-8B --ctxs 1024 8192 \
         --batches 1 8 --exact)
     done ;;
-  round)  # issue 12 item 4: the Qwen3-8B-shaped round (random weights), kernel by kernel
-    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 \
+  round)  # issue 12 item 4: the Qwen3-8B-shaped round (random weights), kernel by kernel, cuBLAS projections
+    DSPINE_DENSE_CUDA=0 LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 \
       --kernels --out "$O/round" > "$O/round.log" 2>&1
     say "round rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round.log" | cut -c1-150 ;;
   ncu-verify)  # the round's attention: a 16-token verify block, Qwen3-8B heads, 1K, batch 1, exact

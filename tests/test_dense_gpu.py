@@ -44,12 +44,9 @@ def _sm90_launches():
     return torch.ops.dspine.dense_sm90_launches()
 
 
-def _hopper_kernel_runs() -> bool:
+def _hopper_kernel_available() -> bool:
     """Whether calls take the Hopper kernel here (an H100/H200 and a build with its image)."""
-    before = _sm90_launches()
-    ops.dense_matmul(torch.ones(1, 32, dtype=torch.bfloat16, device=DEV),
-                     torch.ones(8, 32, dtype=torch.bfloat16, device=DEV), 8)
-    return _sm90_launches() > before
+    return torch.ops.dspine.dense_sm90_available() == 1
 
 
 needs_hopper_kernel = pytest.mark.skipif(
@@ -104,7 +101,7 @@ def test_hopper_rows_do_not_depend_on_the_call(n, k, knobs, monkeypatch):
     stream-K cuts, so each is checked against itself): row i alone, in the first m rows for every
     m up to 130 (16-, 32- and 64-row tiles, a second and third launch), in another order: the
     same bits; and the values right."""
-    assert _hopper_kernel_runs()
+    assert _hopper_kernel_available()
     _set_knobs(monkeypatch, HOPPER_KNOBS[knobs])
     x, w = _inputs(130, n, k, torch.bfloat16, seed=9)
     x, wd = x.to(DEV), w.to(DEV)
@@ -123,7 +120,7 @@ def test_hopper_kernel_in_a_graph_captured_first_on_a_new_stream():
     """The stream-K workspace of a stream first seen inside a CUDA graph's capture (allocated and
     zeroed outside the capture): the replays and eager calls on that stream give the eager bits,
     two shapes in one graph share it, and a second stream's calls keep their own."""
-    assert _hopper_kernel_runs()
+    assert _hopper_kernel_available()
     (x1, w1), (x2, w2) = _inputs(16, 6144, 4096, torch.bfloat16, 3), _inputs(16, 4096, 12288, torch.bfloat16, 4)
     x1, w1, x2, w2 = x1.to(DEV), w1.to(DEV), x2.to(DEV), w2.to(DEV)
     want1, want2 = ops.dense_matmul(x1, w1, 6144), ops.dense_matmul(x2, w2, 4096)
@@ -267,11 +264,16 @@ def test_bad_arguments_are_errors():
     assert ops.dense_matmul_supports(torch.bfloat16, wd)
 
 
-def test_dense_uses_the_kernel_only_when_asked(monkeypatch):
+def test_dense_takes_the_kernel_by_default_on_hopper_and_when_asked(monkeypatch):
     x, w = _inputs(16, 512, 256, torch.bfloat16, seed=7)
     xd, wd = x.to(DEV), w.to(DEV)
     monkeypatch.delenv("DSPINE_DENSE_CUDA", raising=False)
+    assert Dense(wd).own_cuda_gemm == _hopper_kernel_available()
+    monkeypatch.setenv("DSPINE_DENSE_CUDA", "0")
     assert not Dense(wd).own_cuda_gemm
+    monkeypatch.setenv("DSPINE_DENSE_CUDA", "yes")
+    with pytest.raises(ValueError, match="DSPINE_DENSE_CUDA must be auto, 0 or 1"):
+        Dense(wd)
     monkeypatch.setenv("DSPINE_DENSE_CUDA", "1")
     dense = Dense(wd)
     assert dense.own_cuda_gemm and not Dense(wd, bias=torch.zeros(512, dtype=torch.bfloat16, device=DEV)).own_cuda_gemm

@@ -99,11 +99,18 @@ at::Tensor& dense_matmul_out(const at::Tensor& x_in, const at::Tensor& weight, i
 // that a call took the path they meant to test.
 static int64_t dense_sm90_launches() { return gpu::dense_sm90_launches(); }
 
+// 1 when this build has the Hopper kernel and its image runs on the current device (the engine's
+// Dense takes it by default then; the tests and benchmarks ask before they compare kernels).
+static int64_t dense_sm90_available() {
+  return gpu::dense_sm90_runnable<__nv_bfloat16>() && gpu::dense_sm90_runnable<__half>() ? 1 : 0;
+}
+
 }  // namespace cuda
 }  // namespace dspine
 
 TORCH_LIBRARY_FRAGMENT(dspine, m) {
   m.def("dense_sm90_launches() -> int", &dspine::cuda::dense_sm90_launches);
+  m.def("dense_sm90_available() -> int", &dspine::cuda::dense_sm90_available);
 }
 
 TORCH_LIBRARY_IMPL(dspine, CUDA, m) {

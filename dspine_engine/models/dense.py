@@ -10,10 +10,12 @@ prefill, and MKL's sgemm is not row-invariant on every CPU (on an AMD EPYC rows 
 whatever rows share the call, and was faster than MKL from 1 to 256 rows on the shapes measured
 (docs/DECISIONS.md, "CPU dense GEMM of our own").
 
-On CUDA the weight keeps the checkpoint layout. With ``DSPINE_DENSE_CUDA=1`` (read when a Dense
-is built) calls of up to CUDA_MAX_ROWS rows run our row-invariant kernel (ops.dense_matmul,
-csrc/cuda/dense_gemm.cuh) instead of cuBLAS: a measurement switch until the GPU has compared the
-two on the round's shapes (docs/DECISIONS.md, "A CUDA GEMM for few rows"); F.linear otherwise.
+On CUDA the weight keeps the checkpoint layout. Calls of up to CUDA_MAX_ROWS rows run our
+row-invariant kernel (ops.dense_matmul) instead of cuBLAS where it is faster: by default on an
+H100 / H200 with the Hopper kernel (csrc/cuda/dense_sm90.cuh; docs/DECISIONS.md, "Stream-K for
+the Hopper dense GEMM"), everywhere with ``DSPINE_DENSE_CUDA=1`` (the mma.sync kernel elsewhere,
+a measurement aid), nowhere with ``DSPINE_DENSE_CUDA=0``; read when a Dense is built. F.linear
+otherwise (more rows, a bias, other dtypes).
 """
 from __future__ import annotations
 
@@ -30,10 +32,16 @@ CUDA_MAX_ROWS = 64  # the CUDA kernel's tiles hold 8-64 rows; more re-read the w
 
 
 def _own_cuda_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether a CUDA Dense of this weight runs ops.dense_matmul (DSPINE_DENSE_CUDA=1)."""
-    return (weight.device.type == "cuda" and bias is None
-            and os.environ.get("DSPINE_DENSE_CUDA", "0") == "1"
-            and ops.dense_matmul_supports(weight.dtype, weight))
+    """Whether a CUDA Dense of this weight runs ops.dense_matmul (DSPINE_DENSE_CUDA: auto, 1, 0)."""
+    if weight.device.type != "cuda" or bias is not None or not ops.dense_matmul_supports(weight.dtype, weight):
+        return False
+    choice = os.environ.get("DSPINE_DENSE_CUDA", "auto")
+    if choice not in ("auto", "0", "1"):
+        raise ValueError(f"DSPINE_DENSE_CUDA must be auto, 0 or 1, got {choice!r}")
+    if choice == "auto":
+        with torch.cuda.device(weight.device):
+            return torch.ops.dspine.dense_sm90_available() == 1
+    return choice == "1"
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor:
