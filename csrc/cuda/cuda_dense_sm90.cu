@@ -30,8 +30,8 @@ bool encode_rows_map(CUtensorMap* map, const void* data, int64_t rows, int64_t k
 }
 
 // One workspace per device and stream (launches on one stream are ordered, so they may share
-// it; two streams may not): G partial slots of 64 rows x 128 columns (fp32) and G flags, G = the
-// SM count. Allocated at the first launch on the stream and never freed; the flags start at 0
+// it; two streams may not): 2 G partial slots of 128 rows x 128 columns (fp32) and G flags, G =
+// the SM count. Allocated at the first launch on the stream and never freed; the flags start at 0
 // (set on a private stream, outside any capture, so a first launch inside a CUDA graph's capture
 // finds them ready too) and every launch leaves them at 0.
 DenseSm90Workspace workspace_for(cudaStream_t stream, int num_sms) {
@@ -43,7 +43,7 @@ DenseSm90Workspace workspace_for(cudaStream_t stream, int num_sms) {
   const auto key = std::make_pair(device, stream);
   const auto found = spaces.find(key);
   if (found != spaces.end()) return found->second;
-  const size_t partial_bytes = static_cast<size_t>(num_sms) * kDenseSm90MaxRows * 128 * sizeof(float);
+  const size_t partial_bytes = static_cast<size_t>(num_sms) * 2 * kSlotFloats * sizeof(float);
   const size_t bytes = partial_bytes + static_cast<size_t>(num_sms) * sizeof(int);
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;  // allocation is legal during a capture
   cudaThreadExchangeStreamCaptureMode(&mode);
@@ -65,16 +65,16 @@ DenseSm90Workspace workspace_for(cudaStream_t stream, int num_sms) {
   return w;
 }
 
-// One launch: up to 64 rows of x (p.x, p.y already at the launch's first row).
-template <typename T, int BN, int RT>
+// One launch: up to 128 rows of x (p.x, p.y already at the launch's first row).
+template <typename T, int BN, int RT, int WG>
 bool launch_rows(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work,
                  cudaStream_t stream) {
-  using C = DenseSm90Tile<T, BN, RT>;
+  using C = DenseSm90Tile<T, BN, RT, WG>;
   DenseSm90Maps maps{};
   if (!encode_rows_map<T>(&maps.w, p.w, p.n, p.k, p.k, BN) ||
-      !encode_rows_map<T>(&maps.x, p.x, p.m, p.k, p.x_stride, C::kRows))
+      !encode_rows_map<T>(&maps.x, p.x, p.m, p.k, p.x_stride, C::kGroupRows))
     return false;
-  constexpr auto kernel = dense_sm90_kernel<T, BN, RT>;
+  constexpr auto kernel = dense_sm90_kernel<T, BN, RT, WG>;
   allow_max_dynamic_smem<kernel>();
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(plan.ctas));
@@ -93,10 +93,11 @@ bool launch_rows(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm9
 template <typename T, int BN>
 bool launch_cols(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work,
                  cudaStream_t stream) {
-  // Row tiles: the fewest of 16, 32, 64 rows that hold the launch's rows.
-  if (p.m <= 16) return launch_rows<T, BN, 1>(p, plan, work, stream);
-  if (p.m <= 32) return launch_rows<T, BN, 2>(p, plan, work, stream);
-  return launch_rows<T, BN, 4>(p, plan, work, stream);
+  // Row tiles: the fewest of 16, 32, 64 rows (one warpgroup) or 128 (two) that hold the launch's rows.
+  if (p.m <= 16) return launch_rows<T, BN, 1, 1>(p, plan, work, stream);
+  if (p.m <= 32) return launch_rows<T, BN, 2, 1>(p, plan, work, stream);
+  if (p.m <= 64) return launch_rows<T, BN, 4, 1>(p, plan, work, stream);
+  return launch_rows<T, BN, 4, 2>(p, plan, work, stream);
 }
 }  // namespace
 
@@ -105,7 +106,7 @@ template <typename T>
 bool dense_sm90_runnable() {
   static std::atomic<int> cached[64];
   return tensor_map_encoder() != nullptr &&
-         sm90_images_run(cached, {reinterpret_cast<const void*>(dense_sm90_kernel<T, 64, 1>)});
+         sm90_images_run(cached, {reinterpret_cast<const void*>(dense_sm90_kernel<T, 64, 1, 1>)});
 }
 
 template <typename T>
@@ -113,7 +114,7 @@ bool launch_dense_sm90(const DenseParams& p, int num_sms, const DenseSm90Knobs& 
   const DenseSm90Plan plan = dense_sm90_plan(p.n, p.k, num_sms, knobs.block_n, knobs.ctas);
   const DenseSm90Workspace work = workspace_for(stream, num_sms);
   if (work.partials == nullptr) return false;
-  // 64 rows a launch, in order on the stream (they share the workspace).
+  // 128 rows a launch, in order on the stream (they share the workspace).
   for (int row0 = 0; row0 < p.m; row0 += kDenseSm90MaxRows) {
     DenseParams part = p;
     part.m = p.m - row0 < kDenseSm90MaxRows ? p.m - row0 : kDenseSm90MaxRows;

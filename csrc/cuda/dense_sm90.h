@@ -28,7 +28,7 @@ template <typename T>
 bool dense_sm90_runnable();
 
 // y = x W^T on p (shapes checked by the caller: k % 32 == 0, x rows and W 16-byte aligned, m, n
-// > 0), shared among CTAs as dense_sm90_plan(n, k, num_sms, knobs) says, one launch per 64 rows.
+// > 0), shared among CTAs as dense_sm90_plan(n, k, num_sms, knobs) says, one launch per 128 rows.
 // Only where dense_sm90_runnable<T>() holds. Returns false (nothing, or only whole 64-row blocks,
 // launched) if the driver refuses a tensor map or the stream's workspace cannot be allocated.
 template <typename T>

@@ -24,7 +24,7 @@ namespace dspine {
 namespace gpu {
 
 constexpr int kDenseSm90StageK = 128;  // k a unit (pipeline stage) holds: two 64-k TMA boxes
-constexpr int kDenseSm90MaxRows = 64;  // rows a launch; more rows are more launches
+constexpr int kDenseSm90MaxRows = 128;  // rows a launch (two warpgroups of 64); more are more launches
 // A CTA takes at least this many units (small weights use fewer CTAs, so a tile is not cut into
 // more pieces than its k holds stages of a short pipeline).
 constexpr int kDenseSm90MinUnitsPerCta = 4;

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .. import ops
 from .weight_arena import weight_buffer
 
-CUDA_MAX_ROWS = 64  # the CUDA kernel's tiles hold 8-64 rows; more re-read the weight a tile
+CUDA_MAX_ROWS = 128  # the Hopper kernel reads the weight once for up to 128 rows; more re-read it
 
 
 def _own_cuda_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
