@@ -264,10 +264,14 @@ def test_bad_arguments_are_errors():
     assert ops.dense_matmul_supports(torch.bfloat16, wd)
 
 
-def test_dense_takes_the_kernel_by_default_on_hopper_and_when_asked(monkeypatch):
+def test_dense_takes_the_kernel_where_asked(monkeypatch):
+    """auto: where the Hopper kernel runs; 0: never (the default until the stream-K kernel's round
+    is measured); 1: always; anything else an error."""
     x, w = _inputs(16, 512, 256, torch.bfloat16, seed=7)
     xd, wd = x.to(DEV), w.to(DEV)
     monkeypatch.delenv("DSPINE_DENSE_CUDA", raising=False)
+    assert not Dense(wd).own_cuda_gemm
+    monkeypatch.setenv("DSPINE_DENSE_CUDA", "auto")
     assert Dense(wd).own_cuda_gemm == _hopper_kernel_available()
     monkeypatch.setenv("DSPINE_DENSE_CUDA", "0")
     assert not Dense(wd).own_cuda_gemm

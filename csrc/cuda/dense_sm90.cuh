@@ -116,7 +116,7 @@ __device__ __forceinline__ void store_release(int* flag, int v) {
 // instead of hanging the process.
 __device__ __forceinline__ void wait_for_flag(const int* flag) {
   for (int64_t spins = 0; load_acquire(flag) != 1; ++spins) {
-    if (spins > (int64_t{1} << 26)) __trap();
+    if (spins > (int64_t{1} << 22)) __trap();  // ~4M polls: seconds
     __nanosleep(64);
   }
 }

@@ -10,11 +10,12 @@ prefill, and MKL's sgemm is not row-invariant on every CPU (on an AMD EPYC rows 
 whatever rows share the call, and was faster than MKL from 1 to 256 rows on the shapes measured
 (docs/DECISIONS.md, "CPU dense GEMM of our own").
 
-On CUDA the weight keeps the checkpoint layout. Calls of up to CUDA_MAX_ROWS rows run our
-row-invariant kernel (ops.dense_matmul) instead of cuBLAS where it is faster: by default on an
-H100 / H200 with the Hopper kernel (csrc/cuda/dense_sm90.cuh; docs/DECISIONS.md, "Stream-K for
-the Hopper dense GEMM"), everywhere with ``DSPINE_DENSE_CUDA=1`` (the mma.sync kernel elsewhere,
-a measurement aid), nowhere with ``DSPINE_DENSE_CUDA=0``; read when a Dense is built. F.linear
+On CUDA the weight keeps the checkpoint layout. ``DSPINE_DENSE_CUDA`` (read when a Dense is
+built) chooses who runs calls of up to CUDA_MAX_ROWS rows: ``0`` (the default) cuBLAS;
+``auto`` our row-invariant kernel (ops.dense_matmul) where the Hopper kernel runs
+(csrc/cuda/dense_sm90.cuh), cuBLAS elsewhere; ``1`` our kernel on every GPU (the mma.sync kernel
+off Hopper: a measurement aid). ``auto`` becomes the default once the round on the GPU has
+measured the stream-K kernel (docs/DECISIONS.md, "Stream-K for the Hopper dense GEMM"). F.linear
 otherwise (more rows, a bias, other dtypes).
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from .. import ops
 from .weight_arena import weight_buffer
 
+DENSE_CUDA_DEFAULT = "0"  # "auto" once measured (above)
 CUDA_MAX_ROWS = 128  # the Hopper kernel reads the weight once for up to 128 rows; more re-read it
 
 
@@ -35,7 +37,7 @@ def _own_cuda_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether a CUDA Dense of this weight runs ops.dense_matmul (DSPINE_DENSE_CUDA: auto, 1, 0)."""
     if weight.device.type != "cuda" or bias is not None or not ops.dense_matmul_supports(weight.dtype, weight):
         return False
-    choice = os.environ.get("DSPINE_DENSE_CUDA", "auto")
+    choice = os.environ.get("DSPINE_DENSE_CUDA", DENSE_CUDA_DEFAULT)
     if choice not in ("auto", "0", "1"):
         raise ValueError(f"DSPINE_DENSE_CUDA must be auto, 0 or 1, got {choice!r}")
     if choice == "auto":
