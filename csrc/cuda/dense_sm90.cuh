@@ -216,10 +216,10 @@ __global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT, WG>::kThreads, 1)
       wgmma_issue<false, false>(mma, tA(_, _, _, stage), tB(_, _, _, stage), acc);
       wgmma_wait<1>(acc);  // unit i - 1's wgmmas retired: its stage goes back to the producer
       if (i > 0) Bar::arrive(&empty[(i - 1) % C::kStages]);
-      if (u % plan.stages != plan.stages - 1) continue;
+      if (!plan.ends_tile(u)) continue;
       // The tile ends here: y, or, if another CTA began it, the first piece kept for after the range.
       wgmma_wait<0>(acc);
-      if (u0 <= tile * plan.stages) {
+      if (plan.holds_tile_start(cta, tile)) {
         dense_sm90::store_y<T, BN, C::kGroupRows>(p, thr, acc, static_cast<int>(tile) * BN, row0);
       } else {
 #pragma unroll
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT, WG>::kThreads, 1)
       clear(acc);
     }
     wgmma_wait<0>(acc);  // unconditional: a wait on one path only makes ptxas serialize the wgmmas
-    if (u1 % plan.stages != 0) {
+    if (plan.leaves_partial(cta)) {
       // The range ends inside a tile (the last piece): its partials for the tile's owner.
 #pragma unroll
       for (int j = 0; j < size(acc); ++j) __stcg(tail_slot + j * C::kConsumers + tid, acc(j));

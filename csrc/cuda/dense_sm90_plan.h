@@ -38,6 +38,13 @@ struct DenseSm90Plan {
 
   // The first unit of CTA c (c = ctas: the end of the last CTA's range).
   DSPINE_PLAN_HD int64_t unit_begin(int c) const { return units * c / ctas; }
+  // The kernel's bookkeeping, here so the host check can replay it: a piece ends at a tile's last
+  // unit (y is written, or kept for a fix-up) or at the CTA's last unit (partials for the owner).
+  DSPINE_PLAN_HD bool ends_tile(int64_t u) const { return u % stages == stages - 1; }
+  // Whether CTA c holds tile t's first unit (then a piece of t it ends is the whole tile).
+  DSPINE_PLAN_HD bool holds_tile_start(int c, int64_t t) const { return unit_begin(c) <= t * stages; }
+  // Whether CTA c's range ends inside a tile (its last piece goes to the workspace).
+  DSPINE_PLAN_HD bool leaves_partial(int c) const { return unit_begin(c + 1) % stages != 0; }
   // The CTA that holds the first unit of tile t (the first of its contributors).
   DSPINE_PLAN_HD int first_cta_of_tile(int64_t t, int owner) const {
     int c = owner;
