@@ -76,7 +76,19 @@ def hopper_kernel_runs() -> bool:
     return torch.ops.dspine.dense_sm90_available() == 1
 
 
-def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: bool) -> dict:
+def sweep_sm90(ours, iters: int) -> dict:
+    """The Hopper kernel under each forced tile width and CTA count (all SMs, half of them):
+    microseconds by "bn{width} ctas{count}" (the plan's own pick is one of them)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    timed = {}
+    for width in (64, 128):
+        for ctas in (sms, sms // 2):
+            with env_knobs(DSPINE_DENSE_SM90_BN=str(width), DSPINE_DENSE_SM90_CTAS=str(ctas)):
+                timed[f"bn{width} ctas{ctas}"] = graph_us(ours, iters)
+    return timed
+
+
+def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: bool, sweep: bool = False) -> dict:
     from dspine_engine import ops
 
     k, n = SHAPES[name]
@@ -99,7 +111,8 @@ def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: 
     with env_knobs(**mma, DSPINE_DENSE_RING="0"):
         us["ours_again"] = graph_us(ours, iters)  # the first and last runs bracket the card's drift
     best_ours = min(v for key, v in us.items() if key != "cublas")
-    return {"shape": name, "k": k, "n": n, "rows": rows, "copies": copies, "us": us,
+    swept = sweep_sm90(ours, iters) if hopper and sweep else {}
+    return {"shape": name, "k": k, "n": n, "rows": rows, "copies": copies, "us": us, "sm90_sweep_us": swept,
             "ours_GBps": weight_bytes / best_ours / 1e3, "cublas_GBps": weight_bytes / us["cublas"] / 1e3,
             "cublas_over_ours": us["cublas"] / best_ours,
             "rows_exact": {"ours": rows_alone_equal(lambda t: ops.dense_matmul(t, weights[0], n), x),
@@ -114,6 +127,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20, help="graph replays a row (median)")
     parser.add_argument("--cold-mb", type=int, default=512, help="weight copies a graph cycles through (MB)")
     parser.add_argument("--out", type=Path, default=None, help="directory of the JSON (benchmarks/results)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time the Hopper kernel under each forced tile width (64, 128) and CTA count "
+                             "(all SMs, half): a second table")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("cuda_dense_gemm.py needs a CUDA device")
@@ -123,7 +139,7 @@ def main() -> None:
     results = []
     for name in args.shapes:
         for rows in args.rows:
-            results.append(run_shape(name, rows, dtype, args.iters, args.cold_mb << 20, hopper))
+            results.append(run_shape(name, rows, dtype, args.iters, args.cold_mb << 20, hopper, args.sweep))
             r = results[-1]
             sm90 = f", sm90 {r['us']['ours_sm90']:.1f}" if hopper else ""
             print(f"{name} rows {rows}: ours {min(r['us']['ours'], r['us']['ours_again']):.1f} us "
@@ -138,6 +154,13 @@ def main() -> None:
     print(markdown_table(["shape", "rows", "ours, sm90 us", "ours, mma.sync us", "ours, ring us", "cuBLAS us",
                           "ours GB/s (best)", "cuBLAS GB/s", "cuBLAS / ours (best)",
                           "rows = alone (ours / cuBLAS)"], table))
+    swept = [r for r in results if r["sm90_sweep_us"]]
+    if swept:
+        keys = list(swept[0]["sm90_sweep_us"])
+        print("\nThe Hopper kernel under forced plans (us):\n")
+        print(markdown_table(["shape", "rows", "plan's pick", *keys, "cuBLAS"],
+                             [[r["shape"], r["rows"], r["us"]["ours_sm90"], *r["sm90_sweep_us"].values(),
+                               r["us"]["cublas"]] for r in swept]))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@
 #   ncu-pairs    one of the walk's pair-score and chain kernel at batch 32
 #   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
 #   dense        our CUDA GEMM for few rows against cuBLAS on the round's shapes (cuda_dense_gemm.py;
-#                DENSE_ARGS adds its arguments, e.g. "--rows 1 16 64")
+#                DENSE_ARGS adds its arguments, e.g. "--rows 1 16 64 --sweep": --sweep adds the Hopper
+#                kernel under forced tile widths and CTA counts)
 #   round-dense  the round as `round` with the projections on our GEMM (DSPINE_DENSE_CUDA=1)
 #   sass-dense   the GEMM's SASS (cuobjdump): where its loads issue against its mmas
 #   sass-sm90    the hd-128 prefill kernel's landmarks in SASS order (sass_landmarks.py): wgmma
