@@ -100,7 +100,8 @@ at::Tensor& dense_matmul_out(const at::Tensor& x_in, const at::Tensor& weight, i
 static int64_t dense_sm90_launches() { return gpu::dense_sm90_launches(); }
 
 // 1 when this build has the Hopper kernel and its image runs on the current device (the engine's
-// Dense takes it by default then; the tests and benchmarks ask before they compare kernels).
+// Dense takes it then under DSPINE_DENSE_CUDA=auto; the tests and benchmarks ask before they
+// compare kernels).
 static int64_t dense_sm90_available() {
   return gpu::dense_sm90_runnable<__nv_bfloat16>() && gpu::dense_sm90_runnable<__half>() ? 1 : 0;
 }
