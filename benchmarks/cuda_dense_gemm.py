@@ -70,7 +70,7 @@ def copy_ceiling_GBps() -> float:
     return 2 * n * 2 / us / 1e3
 
 
-def hopper_kernel_runs() -> bool:
+def hopper_kernel_available() -> bool:
     from dspine_engine import ops  # noqa: F401  (registers the extension's ops)
 
     return torch.ops.dspine.dense_sm90_available() == 1
@@ -135,7 +135,7 @@ def main() -> None:
         sys.exit("cuda_dense_gemm.py needs a CUDA device")
     dtype = getattr(torch, args.dtype)
     ceiling = copy_ceiling_GBps()
-    hopper = hopper_kernel_runs()
+    hopper = hopper_kernel_available()
     results = []
     for name in args.shapes:
         for rows in args.rows:

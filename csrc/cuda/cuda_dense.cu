@@ -61,22 +61,23 @@ void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y
   // mix them). DSPINE_DENSE_SM90_BN (64, 128) and DSPINE_DENSE_SM90_CTAS (1 .. SMs) fix the sm90
   // kernel's tile width and CTA count (tests, tuning; each choice is row-exact on its own).
   const bool sm90 = env_int("DSPINE_DENSE_SM90", 1) != 0;
+  const int sms = num_sms();
   gpu::DenseSm90Knobs knobs;
   knobs.block_n = env_int("DSPINE_DENSE_SM90_BN", 0);
   knobs.ctas = env_int("DSPINE_DENSE_SM90_CTAS", 0);
   TORCH_CHECK(knobs.block_n == 0 || knobs.block_n == 64 || knobs.block_n == 128,
               "dense_matmul: DSPINE_DENSE_SM90_BN must be 64 or 128, got ", knobs.block_n);
-  TORCH_CHECK(knobs.ctas >= 0 && knobs.ctas <= num_sms(), "dense_matmul: DSPINE_DENSE_SM90_CTAS must be 1 to ",
-              num_sms(), " (the SM count), got ", knobs.ctas);
+  TORCH_CHECK(knobs.ctas >= 0 && knobs.ctas <= sms, "dense_matmul: DSPINE_DENSE_SM90_CTAS must be 1 to ", sms,
+              " (the SM count), got ", knobs.ctas);
   dispatch_float(x.scalar_type(), "dense_matmul", [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same<T, float>::value) {
       if (sm90 && gpu::dense_sm90_runnable<T>()) {
-        TORCH_CHECK(gpu::launch_dense_sm90<T>(p, num_sms(), knobs, stream()),
+        TORCH_CHECK(gpu::launch_dense_sm90<T>(p, sms, knobs, stream()),
                     "dense_matmul: the driver refused a tensor map for the weight or x, or the Hopper kernel's "
                     "workspace could not be allocated");
       } else {
-        gpu::launch_dense_matmul<T>(p, num_sms(), forced_cols, forced_ring, stream());
+        gpu::launch_dense_matmul<T>(p, sms, forced_cols, forced_ring, stream());
       }
     }
   });

@@ -47,7 +47,6 @@ struct DenseSm90Tile {
   static_assert(BN == 64 || BN == 128, "64 or 128 output columns a tile");
   static_assert(RT == 1 || RT == 2 || RT == 4, "16, 32 or 64 rows a warpgroup");
   static_assert(WG == 1 || WG == 2, "one or two consumer warpgroups");
-  static constexpr int kBlockN = BN;
   static constexpr int kGroupRows = 16 * RT;  // a warpgroup's rows: its own x ring
   static constexpr int kRows = kGroupRows * WG;
   static constexpr int kStageK = kDenseSm90StageK;
