@@ -47,6 +47,8 @@
 #                DENSE_ARGS adds its arguments, e.g. "--rows 1 16 64 --sweep": --sweep adds the Hopper
 #                kernel under forced tile widths and CTA counts)
 #   round-dense  the round as `round` with the projections on our GEMM (DSPINE_DENSE_CUDA=1)
+#   round-pdl, round-dense-pdl  `round` and `round-dense` with our launches chained (DSPINE_PDL=1:
+#                csrc/cuda/launch.cuh)
 #   sass-dense   the GEMM's SASS (cuobjdump): where its loads issue against its mmas
 #   sass-sm90    the hd-128 prefill kernel's landmarks in SASS order (sass_landmarks.py): wgmma
 #                issues and waits against the softmax's exp2 runs
@@ -59,6 +61,13 @@ export PYTHONPATH=$PWD:/root/site PYTHONUNBUFFERED=1
 export DSPINE_CUTLASS_INCLUDE=/root/site/cutlass_library/source/include
 # The tests run on the compiler's libstdc++ (the GPU machine's torch loads an older one first).
 CXX_LIB=$($(command -v c++ || echo g++) -print-file-name=libstdc++.so)
+# The Qwen3-8B-shaped round (random weights, no staged model) at batch 1 and 8 (ROUND_BATCHES), 1K
+# context, kernel by kernel (step_table.py --kernels): round_word NAME DSPINE_DENSE_CUDA DSPINE_PDL.
+round_word() {
+  DSPINE_DENSE_CUDA=$2 DSPINE_PDL=$3 LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py \
+    --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 --kernels --out "$O/$1" > "$O/$1.log" 2>&1
+  say "$1 rc $?"; grep -E '^\| (batch|1|8) \|' "$O/$1.log" | cut -c1-150
+}
 build() {  # the extension in place (ninja recompiles what changed), its log into $1
   DSPINE_CUDA_ARCHS=${ARCHS:-90a} MAX_JOBS=$(nproc) timeout 330 python3 setup.py build_ext --inplace > "$1" 2>&1
 }
@@ -145,10 +154,7 @@ for b in ${BENCH:-}; do case $b in
       BENCH_COLS=2-7,18-19 bench segments_$seg --modes decode verify --shapes Qwen3-8B --ctxs 1024 8192 \
         --batches 1 8 --exact)
     done ;;
-  round)  # issue 12 item 4: the Qwen3-8B-shaped round (random weights), kernel by kernel, cuBLAS projections
-    DSPINE_DENSE_CUDA=0 LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 \
-      --kernels --out "$O/round" > "$O/round.log" 2>&1
-    say "round rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round.log" | cut -c1-150 ;;
+  round) round_word round 0 0 ;;  # issue 12 item 4: the Qwen3-8B-shaped round, cuBLAS projections
   ncu-verify)  # the round's attention: a 16-token verify block, Qwen3-8B heads, 1K, batch 1, exact
     ncu_one verify_1k paged_attention_mma 1 python3 benchmarks/ncu_cases.py verify_qwen3_1k_b1 --repeats 3 ;;
   ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
@@ -162,10 +168,9 @@ for b in ${BENCH:-}; do case $b in
   dense)
     LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/cuda_dense_gemm.py ${DENSE_ARGS:-} --out "$O/dense" > "$O/dense.log" 2>&1
     say "dense rc $?"; grep -E '^\| ' "$O/dense.log" ;;
-  round-dense) (export DSPINE_DENSE_CUDA=1
-    LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 \
-      --kernels --out "$O/round_dense" > "$O/round_dense.log" 2>&1
-    say "round-dense rc $?"; grep -E '^\| (batch|1|8) \|' "$O/round_dense.log" | cut -c1-150) ;;
+  round-dense) round_word round_dense 1 0 ;;
+  round-pdl) round_word round_pdl 0 1 ;;
+  round-dense-pdl) round_word round_dense_pdl 1 1 ;;
   sass-sm90)  # the hd-128 bf16 prefill kernel's landmarks in SASS order (sass_landmarks.py): where
     # ptxas put each wgmma wait against the softmax's exp2 runs
     so=$(ls dspine_engine/_C*.so | head -1)
@@ -183,7 +188,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, sass-dense, sass-sm90)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)

@@ -14,6 +14,7 @@ constexpr int kSiluMulBlock = 256;
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kSiluMulBlock)
 silu_mul_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows, int64_t inter) {
+  join_chain();  // launch.cuh
   using P = Pack<T, VEC>;
   const int64_t vecs_per_row = inter / VEC;
   const int64_t total = rows * vecs_per_row;
@@ -35,8 +36,7 @@ silu_mul_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows, int6
 
 template <typename T, int VEC>
 void launch_silu_mul_vec(const T* x, T* out, int64_t rows, int64_t inter, cudaStream_t stream) {
-  silu_mul_kernel<T, VEC><<<grid_stride_blocks(rows * (inter / VEC), kSiluMulBlock), kSiluMulBlock, 0, stream>>>(
-      x, out, rows, inter);
+  launch_kernel(silu_mul_kernel<T, VEC>, Launch(grid_stride_blocks(rows * (inter / VEC), kSiluMulBlock), kSiluMulBlock, 0, stream), x, out, rows, inter);
 }
 
 // x: [rows, 2 * inter] contiguous; out: [rows, inter] contiguous.

@@ -666,6 +666,7 @@ __device__ __forceinline__ void combine_tile(const PagedAttentionParams& p, cons
 // would read up to 1 MB of partials through one SM while the others idle.
 template <typename T, int D>
 __global__ void __launch_bounds__(256) combine_splits_kernel(const PagedAttentionParams p) {
+  join_chain();  // launch.cuh
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   if (row >= p.num_tokens * p.q_heads) return;
   combine_row<T, D>(p, row);
@@ -675,6 +676,7 @@ __global__ void __launch_bounds__(256) combine_splits_kernel(const PagedAttentio
 template <typename T, int D, bool KEY_SPLIT>
 __global__ void __launch_bounds__(MmaTile<T, D, KEY_SPLIT>::kThreads)
 paged_attention_mma_kernel(const PagedAttentionParams p) {
+  join_chain();  // launch.cuh
   using C = MmaTile<T, D, KEY_SPLIT>;
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
@@ -759,6 +761,7 @@ constexpr int kSimtMaxHeadDim = 256;
 
 template <typename T>
 __global__ void __launch_bounds__(128) paged_attention_simt_kernel(const PagedAttentionParams p) {
+  join_chain();  // launch.cuh
   constexpr int kPerLane = kSimtMaxHeadDim / kWarpSize;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
@@ -988,17 +991,17 @@ void launch_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {
   if (C::kKeySplit && p.num_splits > 1)  // errors surface through cudaGetLastError, as a launch's do
     cudaMemsetAsync(p.arrivals, 0, static_cast<size_t>(p.batch) * p.kv_heads * row_tiles * sizeof(int), stream);
   allow_max_dynamic_smem<kernel>();
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
+  launch_kernel(kernel, Launch(grid, C::kThreads, C::kSmemBytes, stream), p);
   if (!C::kKeySplit && p.num_splits > 1) {
     const int64_t rows = p.num_tokens * p.q_heads;
-    combine_splits_kernel<typename C::Elem, C::kD><<<static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream>>>(p);
+    launch_kernel(combine_splits_kernel<typename C::Elem, C::kD>, Launch(static_cast<unsigned>(ceil_div(rows, 8)), 256, 0, stream), p);
   }
 }
 
 template <typename T>
 void launch_attention_simt(const PagedAttentionParams& p, cudaStream_t stream) {
   const int64_t warps = p.num_tokens * p.q_heads;
-  paged_attention_simt_kernel<T><<<static_cast<unsigned>(ceil_div(warps, 4)), 128, 0, stream>>>(p);
+  launch_kernel(paged_attention_simt_kernel<T>, Launch(static_cast<unsigned>(ceil_div(warps, 4)), 128, 0, stream), p);
 }
 
 // plan_attention_splits<T> must have set p's split fields, and when num_splits > 1,

@@ -225,6 +225,7 @@ struct Sm90AsyncAnnouncer {
 template <typename T, int D, bool ASYNC_ARRIVE>
 __global__ void __launch_bounds__(Sm90Tile<T, D>::kThreads, 1)
     paged_attention_sm90_kernel(const PagedAttentionParams p, const __grid_constant__ Sm90LoadMaps maps) {
+  join_chain();  // launch.cuh
 #if DSPINE_SM90_DEVICE_CODE
   using namespace cute;
   using C = Sm90Tile<T, D>;
@@ -450,7 +451,7 @@ void launch_attention_sm90_tile(const PagedAttentionParams& p, const Sm90LoadMap
   const int64_t row_tiles = ceil_div(static_cast<int64_t>(p.max_q_len) * (p.q_heads / p.kv_heads), C::kBlockM);
   const dim3 grid(static_cast<unsigned>(p.batch * p.kv_heads), 1u, static_cast<unsigned>(row_tiles));
   allow_max_dynamic_smem<kernel>();
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, maps);
+  launch_kernel(kernel, Launch(grid, C::kThreads, C::kSmemBytes, stream), p, maps);
 }
 
 }  // namespace gpu

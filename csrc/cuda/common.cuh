@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "launch.cuh"  // every kernel joins the launch chain
+
 // A device-side check that stays on in release builds (unlike assert under NDEBUG): a kernel
 // that meets an input it must not read through stops with "device-side assert triggered" at
 // the next synchronisation instead of reading memory it does not own. For inputs the host

@@ -29,6 +29,7 @@ struct Conv1dParams {
 
 template <typename T>
 __global__ void __launch_bounds__(kConvThreads) causal_conv1d_kernel(Conv1dParams p) {
+  join_chain();  // launch.cuh
   const int c = blockIdx.x * kConvThreads + threadIdx.x, b = blockIdx.z;
   if (c >= p.channels) return;
   const int t0 = p.cu_q[b], n = p.cu_q[b + 1] - t0, k = p.kernel;
@@ -60,6 +61,7 @@ __global__ void __launch_bounds__(kConvThreads) causal_conv1d_kernel(Conv1dParam
 // concatenation) is never a row this thread has already overwritten.
 template <typename T>
 __global__ void __launch_bounds__(kConvThreads) conv_window_update_kernel(Conv1dParams p) {
+  join_chain();  // launch.cuh
   const int c = blockIdx.x * kConvThreads + threadIdx.x, b = blockIdx.y;
   const int slot = p.slots[b];
   if (c >= p.channels || slot < 0 || slot >= p.num_slots) return;
@@ -79,8 +81,8 @@ void launch_causal_conv1d(const Conv1dParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.channels == 0 || p.max_q_len == 0) return;
   const unsigned cblocks = static_cast<unsigned>(ceil_div(p.channels, kConvThreads));
   const dim3 grid(cblocks, static_cast<unsigned>(ceil_div(p.max_q_len, kConvTokenTile)), p.batch);
-  causal_conv1d_kernel<T><<<grid, kConvThreads, 0, stream>>>(p);
-  if (!p.checkpoint) conv_window_update_kernel<T><<<dim3(cblocks, p.batch), kConvThreads, 0, stream>>>(p);
+  launch_kernel(causal_conv1d_kernel<T>, Launch(grid, kConvThreads, 0, stream), p);
+  if (!p.checkpoint) launch_kernel(conv_window_update_kernel<T>, Launch(dim3(cblocks, p.batch), kConvThreads, 0, stream), p);
 }
 
 // rows[0 : K-1] = rows[m : m+K-1] of each (leading index, slot); one thread per channel.
@@ -88,6 +90,7 @@ template <typename T>
 __global__ void __launch_bounds__(kConvThreads)
 conv_state_commit_kernel(T* state, const int32_t* slots, const int32_t* num_accepted, int64_t num_slots,
                          int width, int channels, int kernel, int batch) {
+  join_chain();  // launch.cuh
   const int c = blockIdx.y * kConvThreads + threadIdx.x;
   const int64_t lb = blockIdx.x;  // leading index * batch + b
   const int b = static_cast<int>(lb % batch);
@@ -104,8 +107,7 @@ void launch_conv_state_commit(T* state, const int32_t* slots, const int32_t* num
                               cudaStream_t stream) {
   if (lead == 0 || batch == 0 || channels == 0) return;
   const dim3 grid(static_cast<unsigned>(lead * batch), static_cast<unsigned>(ceil_div(channels, kConvThreads)));
-  conv_state_commit_kernel<T><<<grid, kConvThreads, 0, stream>>>(state, slots, num_accepted, num_slots, width,
-                                                                 channels, kernel, batch);
+  launch_kernel(conv_state_commit_kernel<T>, Launch(grid, kConvThreads, 0, stream), state, slots, num_accepted, num_slots, width, channels, kernel, batch);
 }
 
 }  // namespace gpu

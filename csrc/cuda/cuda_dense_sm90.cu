@@ -76,17 +76,9 @@ bool launch_rows(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm9
     return false;
   constexpr auto kernel = dense_sm90_kernel<T, BN, RT, WG>;
   allow_max_dynamic_smem<kernel>();
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(plan.ctas));
-  config.blockDim = dim3(C::kThreads);
-  config.dynamicSmemBytes = C::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cooperative{};  // all CTAs resident: an owner's wait always ends
-  cooperative.id = cudaLaunchAttributeCooperative;
-  cooperative.val.cooperative = 1;
-  config.attrs = &cooperative;
-  config.numAttrs = 1;
-  cudaLaunchKernelEx(&config, kernel, p, maps, plan, work);  // a launch error is the caller's launch check
+  // Cooperative: all CTAs resident, so an owner's wait always ends (launch.cuh: or chained).
+  launch_kernel(kernel, Launch(plan.ctas, C::kThreads, C::kSmemBytes, stream, /*cooperative=*/true), p, maps, plan,
+                work);  // a launch error is the caller's launch check
   return true;
 }
 

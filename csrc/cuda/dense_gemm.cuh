@@ -117,6 +117,7 @@ __device__ __forceinline__ void dense_chunk(float (&acc)[MT][NT][4], const uint4
 // adjacent (they run together and share the tile's weight bytes in L2); block: 128 threads.
 template <typename T, int ROWS, int NT, bool RING>
 __global__ void __launch_bounds__(DenseTile<ROWS, NT>::kThreads) dense_rows_kernel(const DenseParams p) {
+  join_chain();  // launch.cuh
   using Tile = DenseTile<ROWS, NT>;
   constexpr int MT = Tile::kMTiles, B = Tile::kBatch;
   __shared__ float partial[kDenseWarps - 1][MT][NT][4][kWarpSize];
@@ -288,7 +289,7 @@ void launch_dense_tile(const DenseParams& p, cudaStream_t stream) {
     smem = DenseRing<ROWS, NT>::kSmemBytes;
     allow_max_dynamic_smem<kernel>();
   }
-  kernel<<<static_cast<unsigned>(ctas), DenseTile<ROWS, NT>::kThreads, smem, stream>>>(p);
+  launch_kernel(kernel, Launch(static_cast<unsigned>(ctas), DenseTile<ROWS, NT>::kThreads, smem, stream), p);
 }
 
 template <typename T, int ROWS, bool RING>

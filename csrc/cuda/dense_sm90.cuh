@@ -175,25 +175,44 @@ __global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT, WG>::kThreads, 1)
     prefetch_tma_descriptor(&maps.x);
     constexpr uint64_t kStream = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_FIRST);  // W: read once
     constexpr uint64_t kKeep = static_cast<uint64_t>(TMA::CacheHintSm90::EVICT_LAST);     // x: every CTA
-    for (int i = 0; i < n_units; ++i) {
-      const int stage = i % C::kStages;
-      const int64_t u = u0 + i;
+    // A unit's weight boxes, and its x boxes (one a warpgroup), into `stage`.
+    const auto load_w = [&](int stage, int64_t u) {
       const int n0 = static_cast<int>(u / plan.stages) * BN, k0 = static_cast<int>(u % plan.stages) * C::kStageK;
-      Bar::wait(&empty[stage], ((i / C::kStages) & 1) ^ 1);  // a fresh barrier passes parity 1
-      TxBar::arrive_and_expect_tx(&full[stage], static_cast<uint32_t>(C::kStageBytes));
 #pragma unroll
-      for (int b = 0; b < C::kStageK / C::kBoxK; ++b) {
-        const int k = k0 + b * C::kBoxK;
-        SM90_TMA_LOAD_2D::copy(&maps.w, &full[stage], kStream, &sW(0, b * C::kBoxK, stage), k, n0);
+      for (int b = 0; b < C::kStageK / C::kBoxK; ++b)
+        SM90_TMA_LOAD_2D::copy(&maps.w, &full[stage], kStream, &sW(0, b * C::kBoxK, stage), k0 + b * C::kBoxK, n0);
+    };
+    const auto load_x = [&](int stage, int64_t u) {
+      const int k0 = static_cast<int>(u % plan.stages) * C::kStageK;
+#pragma unroll
+      for (int b = 0; b < C::kStageK / C::kBoxK; ++b)
 #pragma unroll
         for (int g = 0; g < WG; ++g) {
           Tensor sX = make_tensor(make_smem_ptr(x_ptr + g * (C::kXGroupBytes / sizeof(E))), typename C::SmemLayoutX{});
-          SM90_TMA_LOAD_2D::copy(&maps.x, &full[stage], kKeep, &sX(0, b * C::kBoxK, stage), k, g * C::kGroupRows);
+          SM90_TMA_LOAD_2D::copy(&maps.x, &full[stage], kKeep, &sX(0, b * C::kBoxK, stage), k0 + b * C::kBoxK,
+                                 g * C::kGroupRows);
         }
+    };
+    // The first ring's weight while the previous kernel finishes (no kernel writes a weight); x,
+    // that kernel's output, only after it (a stage's barrier counts both loads' bytes).
+    const int early = n_units < C::kStages ? n_units : C::kStages;
+    for (int i = 0; i < early; ++i) {
+      TxBar::arrive_and_expect_tx(&full[i], static_cast<uint32_t>(C::kStageBytes));
+      load_w(i, u0 + i);
+    }
+    join_chain();
+    for (int i = 0; i < n_units; ++i) {
+      const int stage = i % C::kStages;
+      if (i >= early) {
+        Bar::wait(&empty[stage], ((i / C::kStages) & 1) ^ 1);  // freed by the consumers (i >= kStages)
+        TxBar::arrive_and_expect_tx(&full[stage], static_cast<uint32_t>(C::kStageBytes));
+        load_w(stage, u0 + i);
       }
+      load_x(stage, u0 + i);
     }
   } else if (threadIdx.x < C::kConsumers) {
     // ---------------------------------------------------------------- consumer warpgroups
+    join_chain();  // launch.cuh: the producer alone starts (on the weight) before the previous kernel ends
     const int tid = static_cast<int>(threadIdx.x), group = tid / 128, row0 = group * C::kGroupRows;
     Tensor sX = make_tensor(make_smem_ptr(x_ptr + group * (C::kXGroupBytes / sizeof(E))), typename C::SmemLayoutX{});
     typename C::TiledMma mma;

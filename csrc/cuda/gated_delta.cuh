@@ -78,6 +78,7 @@ __device__ void gdn_zero_tile(const GdnParams& p, int64_t t0, int n, int h, int 
 
 template <typename T, int ROWS>
 __global__ void __launch_bounds__(kGdnThreads) gated_delta_recurrent_kernel(GdnParams p) {
+  join_chain();  // launch.cuh
   __shared__ float kbuf[kGdnMaxDim], qbuf[kGdnMaxDim], red[kGdnWarps][kGdnCols], scratch[kGdnWarps];
   const int b = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
   const int col0 = blockIdx.z * kGdnCols, col = col0 + lane, dk = p.dk, dv = p.dv;
@@ -164,6 +165,7 @@ __global__ void __launch_bounds__(kGdnThreads) gated_delta_recurrent_kernel(GdnP
 
 template <int ROWS>
 __global__ void __launch_bounds__(kGdnThreads) gated_delta_replay_kernel(GdnReplayParams p) {
+  join_chain();  // launch.cuh
   __shared__ float kbuf[kGdnMaxDim];
   const int64_t lb = blockIdx.x;  // leading index * batch + b
   const int b = static_cast<int>(lb % p.batch), h = blockIdx.y;
@@ -213,6 +215,7 @@ inline size_t gdn_chunk_smem_floats(int dk) {
 
 template <typename T>
 __global__ void __launch_bounds__(kGdnThreads) gated_delta_chunk_kernel(GdnParams p) {
+  join_chain();  // launch.cuh
   extern __shared__ float smem[];
   constexpr int C = kGdnChunkLen;
   const int dk = p.dk, dv = p.dv;
@@ -363,15 +366,14 @@ template <typename T>
 void launch_gated_delta_recurrent(const GdnParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.hv == 0) return;
   gdn_dispatch_rows(p.dk, [&](auto rows) {
-    gated_delta_recurrent_kernel<T, decltype(rows)::value><<<gdn_grid(p.batch, p.hv, p.dv), kGdnThreads, 0, stream>>>(p);
+    launch_kernel(gated_delta_recurrent_kernel<T, decltype(rows)::value>, Launch(gdn_grid(p.batch, p.hv, p.dv), kGdnThreads, 0, stream), p);
   });
 }
 
 inline void launch_gated_delta_replay(const GdnReplayParams& p, cudaStream_t stream) {
   if (p.batch == 0 || p.lead == 0 || p.hv == 0) return;
   gdn_dispatch_rows(p.dk, [&](auto rows) {
-    gated_delta_replay_kernel<decltype(rows)::value>
-        <<<gdn_grid(p.lead * p.batch, p.hv, p.dv), kGdnThreads, 0, stream>>>(p);
+    launch_kernel(gated_delta_replay_kernel<decltype(rows)::value>, Launch(gdn_grid(p.lead * p.batch, p.hv, p.dv), kGdnThreads, 0, stream), p);
   });
 }
 
@@ -381,7 +383,7 @@ bool launch_gated_delta_chunk(const GdnParams& p, cudaStream_t stream) {
   const size_t bytes = gdn_chunk_smem_floats(p.dk) * sizeof(float);
   if (bytes > static_cast<size_t>(allow_max_dynamic_smem<gated_delta_chunk_kernel<T>>())) return false;
   if (p.batch == 0 || p.hv == 0) return true;
-  gated_delta_chunk_kernel<T><<<gdn_grid(p.batch, p.hv, p.dv), kGdnThreads, bytes, stream>>>(p);
+  launch_kernel(gated_delta_chunk_kernel<T>, Launch(gdn_grid(p.batch, p.hv, p.dv), kGdnThreads, bytes, stream), p);
   return true;
 }
 

@@ -16,6 +16,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kInjectionBlock)
 fused_injection_kernel(const T* __restrict__ h, const T* __restrict__ gate_h, const T* __restrict__ fproj,
                        T* __restrict__ out, int64_t rows, int block, int hidden) {
+  join_chain();  // launch.cuh
   using P = Pack<T, VEC>;
   const int vecs_per_row = hidden / VEC;
   const int64_t total = rows * vecs_per_row;
@@ -43,8 +44,7 @@ fused_injection_kernel(const T* __restrict__ h, const T* __restrict__ gate_h, co
 template <typename T, int VEC>
 void launch_fused_injection_vec(const T* h, const T* gate_h, const T* fproj, T* out, int64_t rows,
                                 int block, int hidden, cudaStream_t stream) {
-  fused_injection_kernel<T, VEC><<<grid_stride_blocks(rows * (hidden / VEC), kInjectionBlock), kInjectionBlock, 0,
-                                   stream>>>(h, gate_h, fproj, out, rows, block, hidden);
+  launch_kernel(fused_injection_kernel<T, VEC>, Launch(grid_stride_blocks(rows * (hidden / VEC), kInjectionBlock), kInjectionBlock, 0, stream), h, gate_h, fproj, out, rows, block, hidden);
 }
 
 // h, gate_h, out: [n, block, hidden] contiguous; fproj: [n, block, 2 * hidden] contiguous.

@@ -17,6 +17,7 @@ __global__ void __launch_bounds__(kNormBlock)
 rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ residual, const T* __restrict__ w,
                 T* __restrict__ out, T* __restrict__ residual_out, int64_t rows, int d, float eps,
                 int threads_per_row) {
+  join_chain();  // launch.cuh
   using P = Pack<T, VEC>;
   __shared__ float warp_sums[kNormBlock / kWarpSize];
   const int rows_per_block = blockDim.x / threads_per_row;
@@ -77,8 +78,7 @@ void launch_rms_norm_vec(const T* x, const T* residual, const T* w, T* out, T* r
   const int tpr = norm_threads_per_row(d / VEC);
   const int rows_per_block = kNormBlock / tpr;
   const int64_t blocks = ceil_div(rows, rows_per_block);
-  rms_norm_kernel<T, VEC><<<static_cast<unsigned>(blocks), kNormBlock, 0, stream>>>(
-      x, residual, w, out, residual_out, rows, d, eps, tpr);
+  launch_kernel(rms_norm_kernel<T, VEC>, Launch(static_cast<unsigned>(blocks), kNormBlock, 0, stream), x, residual, w, out, residual_out, rows, d, eps, tpr);
 }
 
 // residual / residual_out null: plain RMSNorm. Otherwise residual_out = x + residual is normed.

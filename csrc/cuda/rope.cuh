@@ -160,6 +160,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kRopeBlock)
 rope_write_kv_kernel(const RopeArgs<T> q, int64_t q_rows, const WriteKvArgs<T> kv, int64_t kv_rows,
                      const RopeShape s) {
+  join_chain();  // launch.cuh
   const int hv = s.d / 2 / VEC;  // vectors in a half row
   const int lane = threadIdx.x % s.group;
   const int rows_per_warp = kWarpSize / s.group;
@@ -213,8 +214,7 @@ void launch_rope_rows(const RopeArgs<T>& q, int64_t q_rows, const WriteKvArgs<T>
                       RopeShape s, cudaStream_t stream) {
   s.group = rope_group(s.d / 2 / VEC);
   const int64_t threads = ceil_div(q_rows + kv_rows, kWarpSize / s.group) * kWarpSize;
-  rope_write_kv_kernel<T, VEC><<<grid_stride_blocks(threads, kRopeBlock), kRopeBlock, 0, stream>>>(
-      q, q_rows, kv, kv_rows, s);
+  launch_kernel(rope_write_kv_kernel<T, VEC>, Launch(grid_stride_blocks(threads, kRopeBlock), kRopeBlock, 0, stream), q, q_rows, kv, kv_rows, s);
 }
 
 // n tokens; q.heads (kv.heads) 0 leaves the rotation (the write) out. eps: the norms' epsilon.

@@ -240,6 +240,7 @@ __device__ __forceinline__ void publish_candidate(const WalkParams& p, int64_t r
 // one wave on 132 SMs only at four an SM (80 registers, three an SM, made it two waves).
 template <typename T, int MAXK>
 __global__ void __launch_bounds__(kRowThreads, MAXK <= 8 ? 4 : 1) walk_topk_kernel(const WalkParams p) {
+  join_chain();  // launch.cuh
   __shared__ float top_v[MAXK];
   __shared__ int top_id[MAXK];
   __shared__ TopKScratch<MAXK> best;
@@ -505,6 +506,7 @@ __device__ inline void merge_rows(const WalkParams& p, int b, int j, int64_t* pr
 
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads) walk_pairs_kernel(const WalkParams p) {
+  join_chain();  // launch.cuh
   extern __shared__ __align__(16) unsigned char walk_smem[];
   __shared__ int64_t merged_prev[kWalkMaxK];
   const int b = blockIdx.x / p.positions, j = blockIdx.x % p.positions;
@@ -528,7 +530,7 @@ inline size_t walk_smem_bytes(const WalkParams& p, size_t elem) {
 template <typename T, int MAXK>
 void launch_walk_topk(const WalkParams& p, cudaStream_t stream) {
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.positions * (p.topk_splits > 1 ? p.topk_splits : 1);
-  walk_topk_kernel<T, MAXK><<<static_cast<unsigned>(ctas), kRowThreads, 0, stream>>>(p);
+  launch_kernel(walk_topk_kernel<T, MAXK>, Launch(static_cast<unsigned>(ctas), kRowThreads, 0, stream), p);
 }
 
 // Dynamic shared memory the pair/walk kernel may use on this device (static part excluded).
@@ -551,7 +553,7 @@ void launch_transition_walk(const WalkParams& p, cudaStream_t stream) {
   }
   const size_t smem = walk_smem_bytes(p, sizeof(T));
   if (smem > 48 * 1024) walk_smem_limit<T>();
-  walk_pairs_kernel<T><<<static_cast<unsigned>(p.batch * p.positions), kRowThreads, smem, stream>>>(p);
+  launch_kernel(walk_pairs_kernel<T>, Launch(static_cast<unsigned>(p.batch * p.positions), kRowThreads, smem, stream), p);
 }
 
 }  // namespace gpu

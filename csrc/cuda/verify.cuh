@@ -357,6 +357,7 @@ __device__ void finish_sequence(const VerifyParams& p, int b, VerifyScratch& sh)
 
 template <typename T>
 __global__ void __launch_bounds__(kRowThreads, kVerifyCtasPerSm) block_verify_kernel(const VerifyParams p) {  // 64 regs: one wave
+  join_chain();  // launch.cuh
   __shared__ VerifyScratch sh;
   const int row = blockIdx.x / p.splits, split = blockIdx.x % p.splits;
   const int b = row / p.block, j = row % p.block;
@@ -376,7 +377,7 @@ template <typename T>
 void launch_block_verify(const VerifyParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;
   const unsigned ctas = static_cast<unsigned>(static_cast<int64_t>(p.batch) * p.block * p.splits);
-  block_verify_kernel<T><<<ctas, kRowThreads, 0, stream>>>(p);
+  launch_kernel(block_verify_kernel<T>, Launch(ctas, kRowThreads, 0, stream), p);
 }
 
 }  // namespace gpu
