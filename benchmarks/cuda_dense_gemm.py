@@ -108,6 +108,8 @@ def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: 
         us["ours_ring"] = graph_us(ours, iters)
     if hopper:
         us["ours_sm90"] = graph_us(ours, iters)
+        with env_knobs(DSPINE_DENSE_SM90_WIDE="1"):  # one wgmma for a warpgroup's 32 / 64 rows
+            us["ours_sm90_wide"] = graph_us(ours, iters)
     with env_knobs(**mma, DSPINE_DENSE_RING="0"):
         us["ours_again"] = graph_us(ours, iters)  # the first and last runs bracket the card's drift
     best_ours = min(v for key, v in us.items() if key != "cublas")
@@ -116,7 +118,21 @@ def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: 
             "ours_GBps": weight_bytes / best_ours / 1e3, "cublas_GBps": weight_bytes / us["cublas"] / 1e3,
             "cublas_over_ours": us["cublas"] / best_ours,
             "rows_exact": {"ours": rows_alone_equal(lambda t: ops.dense_matmul(t, weights[0], n), x),
+                           "ours_wide": wide_rows_alone_equal(weights[0], n, x) if hopper else None,
                            "cublas": rows_alone_equal(lambda t: F.linear(t, weights[0]), x)}}
+
+
+def wide_rows_alone_equal(weight, n: int, x) -> float:
+    from dspine_engine import ops
+
+    with env_knobs(DSPINE_DENSE_SM90_WIDE="1"):
+        return rows_alone_equal(lambda t: ops.dense_matmul(t, weight, n), x)
+
+
+def exactness(shares: dict) -> str:
+    """The rows-alone shares as "ours / ours wide / cuBLAS" ("-" where the wide form did not run)."""
+    wide = "-" if shares["ours_wide"] is None else f"{shares['ours_wide']:.0%}"
+    return f"{shares['ours']:.0%} / {wide} / {shares['cublas']:.0%}"
 
 
 def main() -> None:
@@ -147,13 +163,13 @@ def main() -> None:
     info = run_info("cuda")
     path = save_json("cuda_dense_gemm", {**info, "dtype": args.dtype, "copy_GBps": ceiling, "results": results},
                      args.out)
-    table = [[r["shape"], r["rows"], r["us"].get("ours_sm90", "-"), min(r["us"]["ours"], r["us"]["ours_again"]),
-              r["us"]["ours_ring"], r["us"]["cublas"], r["ours_GBps"], r["cublas_GBps"], r["cublas_over_ours"],
-              f"{r['rows_exact']['ours']:.0%} / {r['rows_exact']['cublas']:.0%}"] for r in results]
+    table = [[r["shape"], r["rows"], r["us"].get("ours_sm90", "-"), r["us"].get("ours_sm90_wide", "-"),
+              min(r["us"]["ours"], r["us"]["ours_again"]), r["us"]["ours_ring"], r["us"]["cublas"], r["ours_GBps"],
+              r["cublas_GBps"], r["cublas_over_ours"], exactness(r["rows_exact"])] for r in results]
     print(f"\n{info['device']}, {args.dtype}, copy ceiling {ceiling:.0f} GB/s (read + write); wrote {path}\n")
-    print(markdown_table(["shape", "rows", "ours, sm90 us", "ours, mma.sync us", "ours, ring us", "cuBLAS us",
-                          "ours GB/s (best)", "cuBLAS GB/s", "cuBLAS / ours (best)",
-                          "rows = alone (ours / cuBLAS)"], table))
+    print(markdown_table(["shape", "rows", "ours, sm90 us", "ours, sm90 wide us", "ours, mma.sync us",
+                          "ours, ring us", "cuBLAS us", "ours GB/s (best)", "cuBLAS GB/s", "cuBLAS / ours (best)",
+                          "rows = alone (ours / ours wide / cuBLAS)"], table))
     swept = [r for r in results if r["sm90_sweep_us"]]
     if swept:
         keys = list(swept[0]["sm90_sweep_us"])

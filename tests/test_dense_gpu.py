@@ -84,7 +84,11 @@ HOPPER_KNOBS = {"plan": {}, "1 CTA": {"DSPINE_DENSE_SM90_CTAS": "1"},
                 "7 CTAs": {"DSPINE_DENSE_SM90_CTAS": "7"},
                 "sms-1 CTAs": {"DSPINE_DENSE_SM90_CTAS": "sms-1"},
                 "64 wide": {"DSPINE_DENSE_SM90_BN": "64"},
-                "128 wide, 29 CTAs": {"DSPINE_DENSE_SM90_BN": "128", "DSPINE_DENSE_SM90_CTAS": "29"}}
+                "128 wide, 29 CTAs": {"DSPINE_DENSE_SM90_BN": "128", "DSPINE_DENSE_SM90_CTAS": "29"},
+                # One wgmma for a warpgroup's 32 / 64 rows: rows alone (one m64n16k16) must match
+                # rows in those calls for the wide form to keep the row contract.
+                "wide mma": {"DSPINE_DENSE_SM90_WIDE": "1"},
+                "wide mma, 7 CTAs": {"DSPINE_DENSE_SM90_WIDE": "1", "DSPINE_DENSE_SM90_CTAS": "7"}}
 
 
 def _set_knobs(monkeypatch, knobs):
@@ -145,7 +149,8 @@ def test_hopper_kernel_in_a_graph_captured_first_on_a_new_stream():
 @pytest.mark.parametrize("name,value,message", [
     ("DSPINE_DENSE_SM90_BN", "96", "DSPINE_DENSE_SM90_BN must be 64 or 128"),
     ("DSPINE_DENSE_SM90_CTAS", "100000", "DSPINE_DENSE_SM90_CTAS must be 1 to"),
-    ("DSPINE_DENSE_SM90_CTAS", "-1", "DSPINE_DENSE_SM90_CTAS must be 1 to")])
+    ("DSPINE_DENSE_SM90_CTAS", "-1", "DSPINE_DENSE_SM90_CTAS must be 1 to"),
+    ("DSPINE_DENSE_SM90_WIDE", "2", "DSPINE_DENSE_SM90_WIDE must be 0 or 1")])
 def test_a_bad_hopper_knob_is_an_error(name, value, message, monkeypatch):
     monkeypatch.setenv(name, value)
     x, w = _inputs(4, 64, 96, torch.bfloat16)

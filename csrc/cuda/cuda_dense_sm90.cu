@@ -66,15 +66,15 @@ DenseSm90Workspace workspace_for(cudaStream_t stream, int num_sms) {
 }
 
 // One launch: up to 128 rows of x (p.x, p.y already at the launch's first row).
-template <typename T, int BN, int RT, int WG>
+template <typename T, int BN, int RT, int WG, bool WIDE>
 bool launch_rows(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work,
                  cudaStream_t stream) {
-  using C = DenseSm90Tile<T, BN, RT, WG>;
+  using C = DenseSm90Tile<T, BN, RT, WG, WIDE>;
   DenseSm90Maps maps{};
   if (!encode_rows_map<T>(&maps.w, p.w, p.n, p.k, p.k, BN) ||
       !encode_rows_map<T>(&maps.x, p.x, p.m, p.k, p.x_stride, C::kGroupRows))
     return false;
-  constexpr auto kernel = dense_sm90_kernel<T, BN, RT, WG>;
+  constexpr auto kernel = dense_sm90_kernel<T, BN, RT, WG, WIDE>;
   allow_max_dynamic_smem<kernel>();
   // Cooperative: all CTAs resident, so an owner's wait always ends (launch.cuh: or chained).
   launch_kernel(kernel, Launch(plan.ctas, C::kThreads, C::kSmemBytes, stream, /*cooperative=*/true), p, maps, plan,
@@ -83,13 +83,15 @@ bool launch_rows(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm9
 }
 
 template <typename T, int BN>
-bool launch_cols(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work,
+bool launch_cols(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work, bool wide,
                  cudaStream_t stream) {
   // Row tiles: the fewest of 16, 32, 64 rows (one warpgroup) or 128 (two) that hold the launch's rows.
-  if (p.m <= 16) return launch_rows<T, BN, 1, 1>(p, plan, work, stream);
-  if (p.m <= 32) return launch_rows<T, BN, 2, 1>(p, plan, work, stream);
-  if (p.m <= 64) return launch_rows<T, BN, 4, 1>(p, plan, work, stream);
-  return launch_rows<T, BN, 4, 2>(p, plan, work, stream);
+  if (p.m <= 16) return launch_rows<T, BN, 1, 1, false>(p, plan, work, stream);
+  if (p.m <= 32)
+    return wide ? launch_rows<T, BN, 2, 1, true>(p, plan, work, stream) : launch_rows<T, BN, 2, 1, false>(p, plan, work, stream);
+  if (p.m <= 64)
+    return wide ? launch_rows<T, BN, 4, 1, true>(p, plan, work, stream) : launch_rows<T, BN, 4, 1, false>(p, plan, work, stream);
+  return wide ? launch_rows<T, BN, 4, 2, true>(p, plan, work, stream) : launch_rows<T, BN, 4, 2, false>(p, plan, work, stream);
 }
 }  // namespace
 
@@ -98,7 +100,7 @@ template <typename T>
 bool dense_sm90_runnable() {
   static std::atomic<int> cached[64];
   return tensor_map_encoder() != nullptr &&
-         sm90_images_run(cached, {reinterpret_cast<const void*>(dense_sm90_kernel<T, 64, 1, 1>)});
+         sm90_images_run(cached, {reinterpret_cast<const void*>(dense_sm90_kernel<T, 64, 1, 1, false>)});
 }
 
 template <typename T>
@@ -112,8 +114,8 @@ bool launch_dense_sm90(const DenseParams& p, int num_sms, const DenseSm90Knobs& 
     part.m = p.m - row0 < kDenseSm90MaxRows ? p.m - row0 : kDenseSm90MaxRows;
     part.x = static_cast<const T*>(p.x) + static_cast<int64_t>(row0) * p.x_stride;
     part.y = static_cast<T*>(p.y) + static_cast<int64_t>(row0) * p.n;
-    const bool launched = plan.block_n == 128 ? launch_cols<T, 128>(part, plan, work, stream)
-                                              : launch_cols<T, 64>(part, plan, work, stream);
+    const bool launched = plan.block_n == 128 ? launch_cols<T, 128>(part, plan, work, knobs.wide, stream)
+                                              : launch_cols<T, 64>(part, plan, work, knobs.wide, stream);
     if (!launched) return false;
     g_dense_sm90_launches.fetch_add(1, std::memory_order_relaxed);
   }

@@ -40,8 +40,9 @@
 namespace dspine {
 namespace gpu {
 
-// The CTA's tile: BN output columns, WG consumer warpgroups of RT row tiles of 16 each.
-template <typename T, int BN, int RT, int WG>
+// The CTA's tile: BN output columns, WG consumer warpgroups of RT row tiles of 16 each; WIDE: a
+// warpgroup's rows in one m64n(16 RT)k16 wgmma instead of RT m64n16k16 ones.
+template <typename T, int BN, int RT, int WG, bool WIDE>
 struct DenseSm90Tile {
   using E = typename CuteElem<T>::type;
   static_assert(BN == 64 || BN == 128, "64 or 128 output columns a tile");
@@ -64,10 +65,15 @@ struct DenseSm90Tile {
       cute::GMMA::Layout_K_SW128_Atom<E>{}, cute::Shape<cute::Int<BN>, cute::Int<kStageK>, cute::Int<kStages>>{}));
   using SmemLayoutX = decltype(cute::tile_to_shape(  // one warpgroup's
       cute::GMMA::Layout_K_SW128_Atom<E>{}, cute::Shape<cute::Int<kGroupRows>, cute::Int<kStageK>, cute::Int<kStages>>{}));
-  // m64n16k16 whatever RT and WG: more rows are more wgmmas of the same shape (one instruction,
-  // one rounding, for every row count).
+  // Narrow (the default): m64n16k16 whatever RT and WG, more rows being more wgmmas of the same
+  // shape (one instruction for every row count, so a row's bits cannot depend on it). Wide
+  // (DSPINE_DENSE_SM90_WIDE=1, under test): one m64n(16 RT)k16 for a warpgroup's rows, which reads
+  // the weight's 64 x 16 operand from shared memory once instead of RT times. At 128 rows the
+  // narrow form reads ~320 KB of shared memory a 32 KB stage, as long as the stage takes to
+  // arrive (H100, 35th session: 0.5-0.8x cuBLAS at 128 rows, ~0.9-1.06x at 16).
+  static constexpr int kMmaN = WIDE ? kGroupRows : 16;
   using TiledMma = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::ss_op_selector<E, E, float, cute::Shape<cute::_64, cute::_16, cute::Int<kStageK>>>()));
+      cute::SM90::GMMA::ss_op_selector<E, E, float, cute::Shape<cute::_64, cute::Int<kMmaN>, cute::Int<kStageK>>>()));
 
   static constexpr size_t kWBytes = cute::cosize(SmemLayoutW{}) * sizeof(E);
   static constexpr size_t kXGroupBytes = cute::cosize(SmemLayoutX{}) * sizeof(E);
@@ -138,13 +144,13 @@ __device__ __forceinline__ void store_y(const DenseParams& p, const Thr& thr, co
 
 // grid: plan.ctas CTAs (cooperative: all resident); block: kThreads; dynamic shared memory
 // kSmemBytes. p.m <= 16 RT WG rows (a launch per 128 rows), p.n, p.k as DenseParams says.
-template <typename T, int BN, int RT, int WG>
-__global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT, WG>::kThreads, 1)
+template <typename T, int BN, int RT, int WG, bool WIDE>
+__global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT, WG, WIDE>::kThreads, 1)
     dense_sm90_kernel(const DenseParams p, const __grid_constant__ DenseSm90Maps maps, const DenseSm90Plan plan,
                       const DenseSm90Workspace work) {
 #if DSPINE_SM90_DEVICE_CODE
   using namespace cute;
-  using C = DenseSm90Tile<T, BN, RT, WG>;
+  using C = DenseSm90Tile<T, BN, RT, WG, WIDE>;
   using E = typename C::E;
   using Bar = cutlass::arch::ClusterBarrier;
   using TxBar = cutlass::arch::ClusterTransactionBarrier;
@@ -219,7 +225,7 @@ __global__ void __launch_bounds__(DenseSm90Tile<T, BN, RT, WG>::kThreads, 1)
     auto thr = mma.get_thread_slice(tid % 128);
     Tensor acc = partition_fragment_C(mma, Shape<Int<BN>, Int<C::kGroupRows>>{});  // (MMA, BN / 64, RT)
     Tensor tA = thr.partition_fragment_A(sW);  // descriptors (MMA, BN / 64, 128 / 16, stages)
-    Tensor tB = thr.partition_fragment_B(sX);  // descriptors (MMA, RT, 128 / 16, stages)
+    Tensor tB = thr.partition_fragment_B(sX);  // descriptors (MMA, RT or 1 (wide), 128 / 16, stages)
     // Slot 2c holds this CTA's last piece for the owner of its tile; slot 2c + 1 its first piece,
     // when that finishes a tile begun before, until the range is done (not in registers: two
     // warpgroups have 168 registers a thread).
