@@ -49,6 +49,9 @@
 #   round-dense  the round as `round` with the projections on our GEMM (DSPINE_DENSE_CUDA=1)
 #   round-pdl, round-dense-pdl  `round` and `round-dense` with our launches chained (DSPINE_PDL=1:
 #                csrc/cuda/launch.cuh)
+#   round-auto, round-auto-pdl  the round with DSPINE_DENSE_CUDA=auto (our GEMM for the lm_head
+#                only), unchained and chained
+#   round-wide   `round-dense` with the Hopper GEMM's wide wgmma (DSPINE_DENSE_SM90_WIDE=1)
 #   sass-dense   the GEMM's SASS (cuobjdump): where its loads issue against its mmas
 #   sass-sm90    the hd-128 prefill kernel's landmarks in SASS order (sass_landmarks.py): wgmma
 #                issues and waits against the softmax's exp2 runs
@@ -171,6 +174,9 @@ for b in ${BENCH:-}; do case $b in
   round-dense) round_word round_dense 1 0 ;;
   round-pdl) round_word round_pdl 0 1 ;;
   round-dense-pdl) round_word round_dense_pdl 1 1 ;;
+  round-auto) round_word round_auto auto 0 ;;
+  round-auto-pdl) round_word round_auto_pdl auto 1 ;;
+  round-wide) DSPINE_DENSE_SM90_WIDE=1 round_word round_wide 1 0 ;;
   sass-sm90)  # the hd-128 bf16 prefill kernel's landmarks in SASS order (sass_landmarks.py): where
     # ptxas put each wgmma wait against the softmax's exp2 runs
     so=$(ls dspine_engine/_C*.so | head -1)
@@ -188,7 +194,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, sass-dense, sass-sm90)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, round-auto, round-auto-pdl, round-wide, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)

@@ -188,3 +188,23 @@ def test_bad_arguments_are_refused():
         ops.dense_matmul(x[:, :7], w, 70)
     with pytest.raises(RuntimeError, match="out must be"):
         ops.dense_matmul(x, w, 70, out=torch.empty(2, 71))
+
+
+def test_the_lm_heads_are_vocabulary_projections(tiny_llama):
+    """DSPINE_DENSE_CUDA=auto gives our GPU kernel the vocabulary projections only: the target's
+    lm_head, a draft's own copy of it and a tensor-parallel shard of it are marked, the layers'
+    projections are not."""
+    from dspine_engine.distributed.sharding import _vocab_shard
+    from dspine_engine.models.dspine import DSpineDraft
+    from dspine_engine.models.target import TargetModel
+    from dspine_engine.train.draft_init import new_draft_config
+
+    target = TargetModel.load(tiny_llama, progress=False)
+    assert target.lm_head_dense.vocabulary
+    layer_projections = [p for layer in target.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    assert layer_projections and not any(p.vocabulary for p in layer_projections)
+    draft = DSpineDraft(new_draft_config(target.config, layers=1, block_size=4, target_layers=[0])).init_weights(seed=0)
+    draft.bind(target.embed, target.lm_head, target.config)
+    assert draft.bound.lm_head_dense.vocabulary and draft.bound.lm_head_dense is not target.lm_head_dense
+    vocab = target.config.vocab_size
+    assert _vocab_shard(target.lm_head_dense, vocab, 1, 2).dense.vocabulary

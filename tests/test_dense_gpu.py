@@ -270,14 +270,18 @@ def test_bad_arguments_are_errors():
 
 
 def test_dense_takes_the_kernel_where_asked(monkeypatch):
-    """auto: where the Hopper kernel runs; 0: never (the default until the stream-K kernel's round
-    is measured); 1: always; anything else an error."""
+    """auto: the vocabulary projections where the Hopper kernel runs; 0: never (the default until
+    auto's round and engine tests have run); 1: always; anything else an error."""
     x, w = _inputs(16, 512, 256, torch.bfloat16, seed=7)
     xd, wd = x.to(DEV), w.to(DEV)
     monkeypatch.delenv("DSPINE_DENSE_CUDA", raising=False)
-    assert not Dense(wd).own_cuda_gemm
+    assert not Dense(wd).own_cuda_gemm and not Dense(wd, vocabulary=True).own_cuda_gemm
     monkeypatch.setenv("DSPINE_DENSE_CUDA", "auto")
-    assert Dense(wd).own_cuda_gemm == _hopper_kernel_available()
+    assert not Dense(wd).own_cuda_gemm
+    head = Dense(wd, vocabulary=True)
+    assert head.own_cuda_gemm == _hopper_kernel_available()
+    assert torch.equal(head(xd), ops.dense_matmul(xd, wd, 512) if head.own_cuda_gemm
+                       else torch.nn.functional.linear(xd, wd))
     monkeypatch.setenv("DSPINE_DENSE_CUDA", "0")
     assert not Dense(wd).own_cuda_gemm
     monkeypatch.setenv("DSPINE_DENSE_CUDA", "yes")

@@ -62,5 +62,5 @@ def _vocab_shard(head: Dense, vocab: int, rank: int, world: int) -> VocabParalle
     w = head.checkpoint_weight
     if rows * world != vocab:
         w = F.pad(w, (0, 0, 0, rows * world - vocab))
-    return VocabParallelHead(Dense(w[rank * rows:(rank + 1) * rows].contiguous()), vocab, rank,
-                             world)
+    shard = Dense(w[rank * rows:(rank + 1) * rows].contiguous(), vocabulary=True)
+    return VocabParallelHead(shard, vocab, rank, world)

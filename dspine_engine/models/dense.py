@@ -12,11 +12,15 @@ whatever rows share the call, and was faster than MKL from 1 to 256 rows on the 
 
 On CUDA the weight keeps the checkpoint layout. ``DSPINE_DENSE_CUDA`` (read when a Dense is
 built) chooses who runs calls of up to CUDA_MAX_ROWS rows: ``0`` (the default) cuBLAS;
-``auto`` our row-invariant kernel (ops.dense_matmul) where the Hopper kernel runs
-(csrc/cuda/dense_sm90.cuh), cuBLAS elsewhere; ``1`` our kernel on every GPU (the mma.sync kernel
-off Hopper: a measurement aid). ``auto`` becomes the default once the round on the GPU has
-measured the stream-K kernel (docs/DECISIONS.md, "Stream-K for the Hopper dense GEMM"). F.linear
-otherwise (more rows, a bias, other dtypes).
+``auto`` our row-invariant kernel (ops.dense_matmul) for the vocabulary projections (lm_head)
+where the Hopper kernel runs (csrc/cuda/dense_sm90.cuh), cuBLAS for the rest and elsewhere: on
+the H100 the Qwen3-8B-shaped round's draft lm_head (120 rows) took 3.49 ms on cuBLAS (a 16-row
+tile, the weight read eight times) and the draft 2.83 ms in all with our kernel against 5.20,
+while our kernel trailed cuBLAS on the 128-row layer projections (docs/BENCHMARKS.md,
+thirty-fifth session); ``1`` our kernel for every projection on every GPU (the mma.sync kernel
+off Hopper: a measurement aid). ``auto`` becomes the default once the round has measured it and
+the engine's GPU tests have run on it (docs/DECISIONS.md). F.linear otherwise (more rows, a bias,
+other dtypes).
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ DENSE_CUDA_DEFAULT = "0"  # "auto" once measured (above)
 CUDA_MAX_ROWS = 128  # the Hopper kernel reads the weight once for up to 128 rows; more re-read it
 
 
-def _own_cuda_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def _own_cuda_gemm(weight: torch.Tensor, bias: torch.Tensor | None, vocabulary: bool) -> bool:
     """Whether a CUDA Dense of this weight runs ops.dense_matmul (DSPINE_DENSE_CUDA: auto, 1, 0)."""
     if weight.device.type != "cuda" or bias is not None or not ops.dense_matmul_supports(weight.dtype, weight):
         return False
@@ -41,6 +45,8 @@ def _own_cuda_gemm(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     if choice not in ("auto", "0", "1"):
         raise ValueError(f"DSPINE_DENSE_CUDA must be auto, 0 or 1, got {choice!r}")
     if choice == "auto":
+        if not vocabulary:
+            return False
         with torch.cuda.device(weight.device):
             return torch.ops.dspine.dense_sm90_available() == 1
     return choice == "1"
@@ -56,14 +62,16 @@ def _packed(weight: torch.Tensor) -> torch.Tensor:
 
 
 class Dense:
-    """``y = x @ W^T + b`` for a checkpoint weight ``W [out, in]``."""
+    """``y = x @ W^T + b`` for a checkpoint weight ``W [out, in]``; ``vocabulary``: the weight is
+    an lm_head (or a shard of one), which DSPINE_DENSE_CUDA=auto gives our kernel."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, vocabulary: bool = False):
         self.packed = weight.device.type == "cpu"
         self.weight = _packed(weight) if self.packed else weight.contiguous()
         self.bias = bias
         self.out_features = weight.shape[0]
-        self.own_cuda_gemm = _own_cuda_gemm(self.weight, bias)
+        self.vocabulary = vocabulary
+        self.own_cuda_gemm = _own_cuda_gemm(self.weight, bias, vocabulary)
 
     @property
     def checkpoint_weight(self) -> torch.Tensor:

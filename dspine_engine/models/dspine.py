@@ -266,7 +266,7 @@ class DSpineDraft(nn.Module):
             w = torch.cat([w.to(dtype) for w in ws]).contiguous()
             return Dense(w) if weight_format is None else quantize_weight(w, weight_format)
 
-        heads = lm_head_dense or Dense(lm_head)
+        heads = lm_head_dense or Dense(lm_head, vocabulary=True)
         if weight_format is not None:
             heads = in_format(heads, weight_format)
         with torch.no_grad():

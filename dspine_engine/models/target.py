@@ -46,7 +46,7 @@ class TargetModel:
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head  # E_out [V, H] (the embedding itself when tied)
-        self.lm_head_dense = lm_head if isinstance(lm_head, QuantWeight) else Dense(lm_head)
+        self.lm_head_dense = lm_head if isinstance(lm_head, QuantWeight) else Dense(lm_head, vocabulary=True)
         self.quantized = isinstance(lm_head, QuantWeight)
         self.device = embed.device
         self.dtype = embed.dtype
