@@ -82,16 +82,23 @@ bool launch_rows(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm9
   return true;
 }
 
+// launch_rows in the wide or the narrow wgmma form, as the knob says.
+template <typename T, int BN, int RT, int WG>
+bool launch_rows_as(bool wide, const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work,
+                    cudaStream_t stream) {
+  return wide ? launch_rows<T, BN, RT, WG, true>(p, plan, work, stream)
+              : launch_rows<T, BN, RT, WG, false>(p, plan, work, stream);
+}
+
 template <typename T, int BN>
 bool launch_cols(const DenseParams& p, const DenseSm90Plan& plan, const DenseSm90Workspace& work, bool wide,
                  cudaStream_t stream) {
-  // Row tiles: the fewest of 16, 32, 64 rows (one warpgroup) or 128 (two) that hold the launch's rows.
+  // Row tiles: the fewest of 16, 32, 64 rows (one warpgroup) or 128 (two) that hold the launch's
+  // rows; 16 rows are one m64n16k16 either way.
   if (p.m <= 16) return launch_rows<T, BN, 1, 1, false>(p, plan, work, stream);
-  if (p.m <= 32)
-    return wide ? launch_rows<T, BN, 2, 1, true>(p, plan, work, stream) : launch_rows<T, BN, 2, 1, false>(p, plan, work, stream);
-  if (p.m <= 64)
-    return wide ? launch_rows<T, BN, 4, 1, true>(p, plan, work, stream) : launch_rows<T, BN, 4, 1, false>(p, plan, work, stream);
-  return wide ? launch_rows<T, BN, 4, 2, true>(p, plan, work, stream) : launch_rows<T, BN, 4, 2, false>(p, plan, work, stream);
+  if (p.m <= 32) return launch_rows_as<T, BN, 2, 1>(wide, p, plan, work, stream);
+  if (p.m <= 64) return launch_rows_as<T, BN, 4, 1>(wide, p, plan, work, stream);
+  return launch_rows_as<T, BN, 4, 2>(wide, p, plan, work, stream);
 }
 }  // namespace
 

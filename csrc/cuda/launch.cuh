@@ -62,19 +62,12 @@ inline bool chain_requested() {
   return false;
 }
 
-// Whether the current device runs griddepcontrol (compute capability 9.0 or later), cached per device.
+// Whether the current device runs griddepcontrol (compute capability 9.0 or later). Asked only
+// when DSPINE_PDL=1, at each launch: a cheap host query (no synchronisation), like cudaGetDevice.
 inline bool device_chains() {
-  static std::atomic<int> cached[64];  // 0 unknown, 1 no, 2 yes
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  int known = cached[dev].load(std::memory_order_relaxed);
-  if (known == 0) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    known = major >= 9 ? 2 : 1;
-    cached[dev].store(known, std::memory_order_relaxed);
-  }
-  return known == 2;
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
 }
 
 inline bool chain_launches() { return chain_requested() && device_chains(); }
