@@ -67,11 +67,13 @@ export DSPINE_CUTLASS_INCLUDE=/root/site/cutlass_library/source/include
 # The tests run on the compiler's libstdc++ (the GPU machine's torch loads an older one first).
 CXX_LIB=$($(command -v c++ || echo g++) -print-file-name=libstdc++.so)
 # The Qwen3-8B-shaped round (random weights, no staged model) at batch 1 and 8 (ROUND_BATCHES), 1K
-# context, kernel by kernel (step_table.py --kernels): round_word NAME DSPINE_DENSE_CUDA DSPINE_PDL.
+# context, kernel by kernel (step_table.py --kernels: the round, then its draft and verify graphs
+# alone, each with the time no kernel ran): round_word NAME DSPINE_DENSE_CUDA DSPINE_PDL.
 round_word() {
   DSPINE_DENSE_CUDA=$2 DSPINE_PDL=$3 LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py \
     --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 --kernels --out "$O/$1" > "$O/$1.log" 2>&1
   say "$1 rc $?"; grep -E '^\| (batch|1|8) \|' "$O/$1.log" | cut -c1-150
+  grep -E '^(Draft|Verify) graph alone' "$O/$1.log" | cut -d';' -f1  # each graph's idle share
 }
 build() {  # the extension in place (ninja recompiles what changed), its log into $1
   DSPINE_CUDA_ARCHS=${ARCHS:-90a} MAX_JOBS=$(nproc) timeout 330 python3 setup.py build_ext --inplace > "$1" 2>&1

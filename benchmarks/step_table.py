@@ -408,8 +408,23 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
     if kernels and dev.type == "cuda":  # the round's kernels, by name (--kernels)
         row["round_kernels"] = device_kernels(
             lambda: speculative_round(runner, scheduler, b.seqs, stats), iters, b.place)
+        for kind in ("draft", "verify"):  # each graph alone: where its time over the floor goes
+            replay = graph_replay(runner, kind, batch)
+            if replay:
+                row[f"{kind}_kernels"] = device_kernels(replay, iters)
     b.clear()
     return row
+
+
+def graph_kernels_markdown(row: dict, kind: str, top: int = 15) -> str:
+    """The `kind` graph's kernel table, after a line saying how much of its replay time no kernel
+    ran: the launch gaps chained launches (DSPINE_PDL=1) would hide. Chained, a kernel's wait for
+    its predecessor counts as its own time, so the idle share then reads low."""
+    table, graph_ms = row[f"{kind}_kernels"], row[f"{kind}_graph_ms"]
+    idle_us = graph_ms * 1e3 - table["busy_us"]
+    return (f"{kind.capitalize()} graph alone at batch {row['batch']}, context {row['context']}: "
+            f"{graph_ms:.3f} ms a replay, {idle_us:.0f} us of it with no kernel running "
+            f"({idle_us / (graph_ms * 1e3):.0%}); " + kernel_rows_markdown(table, top))
 
 
 def rollback_costs(runner: ModelRunner, args) -> list[dict]:
@@ -531,8 +546,10 @@ def parse_args(argv):
     p.add_argument("--tiny", action="store_true", help="tiny models: a CPU smoke run in seconds")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--kernels", action="store_true",
-                   help="CUDA: also profile each configuration's round kernel by kernel "
-                        "(torch.profiler; launches and us a round, printed after the table)")
+                   help="CUDA: also profile each configuration's round kernel by kernel, then "
+                        "its draft and verify graphs alone (torch.profiler; launches and us a "
+                        "call, and each graph's time with no kernel running; printed after the "
+                        "table)")
     p.add_argument("--attention", choices=("exact", "fast"), default=EngineConfig.attention,
                    help="the target's paged attention, as EngineConfig.attention (default: the "
                         "engine's, %(default)s; before 2026-12-05 this table always ran fast)")
@@ -598,6 +615,9 @@ def main(argv=None) -> int:
         if "round_kernels" in row:
             print(f"\nRound at batch {row['batch']}, context {row['context']}: "
                   + kernel_rows_markdown(row["round_kernels"], 25))
+        for kind in ("draft", "verify"):
+            if f"{kind}_kernels" in row:
+                print("\n" + graph_kernels_markdown(row, kind))
     print(f"\nwrote {path}")
     return 0
 

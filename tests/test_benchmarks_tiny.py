@@ -51,6 +51,19 @@ def test_step_table_tiny(tmp_path, capsys):
     assert "| batch | context |" in table and str(path) in table
 
 
+def test_step_table_graph_kernels_say_the_idle_time():
+    """--kernels' per-graph table (CUDA only, so its text is checked here on a made-up profile):
+    the replay time no kernel covered, as microseconds and a share, then the largest kernels."""
+    table = {"launches": 3.0, "busy_us": 1500.0,
+             "kernels": [{"name": "gemm", "launches": 2.0, "us": 1200.0},
+                         {"name": "norm", "launches": 1.0, "us": 300.0}]}
+    row = {"batch": 8, "context": 1024, "draft_graph_ms": 2.0, "draft_kernels": table}
+    text = step_table.graph_kernels_markdown(row, "draft", top=1)
+    assert text.startswith("Draft graph alone at batch 8, context 1024: 2.000 ms a replay, "
+                           "500 us of it with no kernel running (25%)")
+    assert "| gemm | 2.0 | 1200.0 |" in text and "norm" not in text
+
+
 def test_step_table_tiny_hybrid_target(tmp_path, capsys):
     """The hybrid target's table: the ReplaySSM commit timed in every row, the rollback
     alternatives (replay vs stored states) at its shape, the recurrent state in the floor."""
