@@ -343,6 +343,9 @@ def time_ms(fn, device, iters: int, warmup: int, prep=None) -> float:
     return statistics.median(times)
 
 
+GRAPHS = ("draft", "verify")  # the runner's captured graphs, timed and profiled alone
+
+
 def graph_replay(runner: ModelRunner, kind: str, batch: int):
     """The captured graph of `kind` ("verify" / "draft") at this batch, to replay without
     staging its inputs; None when running eagerly."""
@@ -388,13 +391,12 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
     def stage():
         runner.prepare_round(b.seqs, b.seats)
 
+    replays = {kind: graph_replay(runner, kind, batch) for kind in GRAPHS}
     row["prepare_ms"] = timed(stage)
     row["draft_ms"] = timed(lambda: (stage(), runner.propose()))
-    replay = graph_replay(runner, "draft", batch)
-    row["draft_graph_ms"] = timed(replay) if replay else None
     row["verify_ms"] = timed(lambda: (stage(), runner.verify()))
-    replay = graph_replay(runner, "verify", batch)
-    row["verify_graph_ms"] = timed(replay) if replay else None
+    for kind, replay in replays.items():
+        row[f"{kind}_graph_ms"] = timed(replay) if replay else None
     row["block_verify_ms"] = timed(runner.accept)
     row["commit_ms"] = None
     recurrent = scheduler.cache.recurrent
@@ -408,8 +410,7 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
     if kernels and dev.type == "cuda":  # the round's kernels, by name (--kernels)
         row["round_kernels"] = device_kernels(
             lambda: speculative_round(runner, scheduler, b.seqs, stats), iters, b.place)
-        for kind in ("draft", "verify"):  # each graph alone: where its time over the floor goes
-            replay = graph_replay(runner, kind, batch)
+        for kind, replay in replays.items():  # each graph alone: where its time over the floor goes
             if replay:
                 row[f"{kind}_kernels"] = device_kernels(replay, iters)
     b.clear()
@@ -615,7 +616,7 @@ def main(argv=None) -> int:
         if "round_kernels" in row:
             print(f"\nRound at batch {row['batch']}, context {row['context']}: "
                   + kernel_rows_markdown(row["round_kernels"], 25))
-        for kind in ("draft", "verify"):
+        for kind in GRAPHS:
             if f"{kind}_kernels" in row:
                 print("\n" + graph_kernels_markdown(row, kind))
     print(f"\nwrote {path}")
