@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import re
@@ -100,12 +101,15 @@ def paired_medians(fns, reps: int, warmup: int = 3, rounds: int = 3) -> list[flo
 def device_kernels(fn, reps: int, prep=None) -> dict:
     """Every device kernel, memset and copy of `reps` calls of `fn` (after `prep`, untimed but
     profiled) under torch.profiler, CUDA graphs' kernels included: by name, launches and us a
-    call, largest first, with their sums (launches and busy us a call)."""
+    call, largest first, with their sums (launches and busy us a call) and the us a call at least
+    one of them ran (``covered_us``: the union of their intervals; less than busy_us where
+    kernels overlap, as chained launches do, a chained kernel's wait counting as its own time)."""
     from collections import defaultdict
 
     from torch.profiler import ProfilerActivity, profile
 
     count, us = defaultdict(int), defaultdict(float)
+    spans = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             if prep:
@@ -116,10 +120,21 @@ def device_kernels(fn, reps: int, prep=None) -> dict:
         if str(getattr(e, "device_type", "")).endswith("CUDA"):
             count[e.name] += 1
             us[e.name] += e.time_range.elapsed_us()
+            spans.append((e.time_range.start, e.time_range.end))
     rows = sorted(({"name": n, "launches": count[n] / reps, "us": us[n] / reps} for n in count),
                   key=lambda r: -r["us"])
     return {"launches": sum(r["launches"] for r in rows), "busy_us": sum(r["us"] for r in rows),
-            "kernels": rows}
+            "covered_us": covered_us(spans) / reps, "kernels": rows}
+
+
+def covered_us(spans) -> float:
+    """The length of the union of (start, end) intervals."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def kernel_rows_markdown(table: dict, top: int) -> str:

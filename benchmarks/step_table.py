@@ -419,10 +419,10 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
 
 def graph_kernels_markdown(row: dict, kind: str, top: int = 15) -> str:
     """The `kind` graph's kernel table, after a line saying how much of its replay time no kernel
-    ran: the launch gaps chained launches (DSPINE_PDL=1) would hide. Chained, a kernel's wait for
-    its predecessor counts as its own time, so the idle share then reads low."""
+    ran (the replay less the union of the kernels' intervals, which chained kernels overlap): the
+    launch gaps chaining (DSPINE_PDL) hides, and what it leaves."""
     table, graph_ms = row[f"{kind}_kernels"], row[f"{kind}_graph_ms"]
-    idle_us = graph_ms * 1e3 - table["busy_us"]
+    idle_us = graph_ms * 1e3 - table["covered_us"]
     return (f"{kind.capitalize()} graph alone at batch {row['batch']}, context {row['context']}: "
             f"{graph_ms:.3f} ms a replay, {idle_us:.0f} us of it with no kernel running "
             f"({idle_us / (graph_ms * 1e3):.0%}); " + kernel_rows_markdown(table, top))

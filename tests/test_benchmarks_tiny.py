@@ -9,6 +9,7 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import common  # noqa: E402
 import cpu_attention  # noqa: E402
 import step_table  # noqa: E402
 import tp_bench  # noqa: E402
@@ -53,8 +54,10 @@ def test_step_table_tiny(tmp_path, capsys):
 
 def test_step_table_graph_kernels_say_the_idle_time():
     """--kernels' per-graph table (CUDA only, so its text is checked here on a made-up profile):
-    the replay time no kernel covered, as microseconds and a share, then the largest kernels."""
-    table = {"launches": 3.0, "busy_us": 1500.0,
+    the replay time no kernel covered (the union of the kernels' intervals: chained kernels
+    overlap, so their summed time can exceed the replay), as microseconds and a share, then the
+    largest kernels."""
+    table = {"launches": 3.0, "busy_us": 2100.0, "covered_us": 1500.0,
              "kernels": [{"name": "gemm", "launches": 2.0, "us": 1200.0},
                          {"name": "norm", "launches": 1.0, "us": 300.0}]}
     row = {"batch": 8, "context": 1024, "draft_graph_ms": 2.0, "draft_kernels": table}
@@ -62,6 +65,13 @@ def test_step_table_graph_kernels_say_the_idle_time():
     assert text.startswith("Draft graph alone at batch 8, context 1024: 2.000 ms a replay, "
                            "500 us of it with no kernel running (25%)")
     assert "| gemm | 2.0 | 1200.0 |" in text and "norm" not in text
+
+
+def test_covered_time_is_the_union_of_the_intervals():
+    """Overlapping kernels (chained launches) count once; gaps not at all; order does not matter."""
+    assert common.covered_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert common.covered_us([(20, 25), (0, 10), (10, 11)]) == 16
+    assert common.covered_us([]) == 0
 
 
 def test_step_table_tiny_hybrid_target(tmp_path, capsys):
