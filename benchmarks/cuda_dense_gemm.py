@@ -107,7 +107,8 @@ def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: 
     with env_knobs(**mma, DSPINE_DENSE_RING="1"):
         us["ours_ring"] = graph_us(ours, iters)
     if hopper:
-        us["ours_sm90"] = graph_us(ours, iters)
+        with env_knobs(DSPINE_DENSE_SM90_WIDE="0"):  # one m64n16k16 for each 16 rows
+            us["ours_sm90"] = graph_us(ours, iters)
         with env_knobs(DSPINE_DENSE_SM90_WIDE="1"):  # one wgmma for a warpgroup's 32 / 64 rows
             us["ours_sm90_wide"] = graph_us(ours, iters)
     with env_knobs(**mma, DSPINE_DENSE_RING="0"):
@@ -117,15 +118,17 @@ def run_shape(name: str, rows: int, dtype, iters: int, cold_bytes: int, hopper: 
     return {"shape": name, "k": k, "n": n, "rows": rows, "copies": copies, "us": us, "sm90_sweep_us": swept,
             "ours_GBps": weight_bytes / best_ours / 1e3, "cublas_GBps": weight_bytes / us["cublas"] / 1e3,
             "cublas_over_ours": us["cublas"] / best_ours,
-            "rows_exact": {"ours": rows_alone_equal(lambda t: ops.dense_matmul(t, weights[0], n), x),
-                           "ours_wide": wide_rows_alone_equal(weights[0], n, x) if hopper else None,
+            "rows_exact": {"ours": sm90_rows_alone_equal(weights[0], n, x, wide="0"),
+                           "ours_wide": sm90_rows_alone_equal(weights[0], n, x, wide="1") if hopper else None,
                            "cublas": rows_alone_equal(lambda t: F.linear(t, weights[0]), x)}}
 
 
-def wide_rows_alone_equal(weight, n: int, x) -> float:
+def sm90_rows_alone_equal(weight, n: int, x, wide: str) -> float:
+    """rows_alone_equal of our kernel in the narrow (wide="0") or wide ("1") wgmma form (the knob
+    is ignored off Hopper, where the mma.sync kernel runs)."""
     from dspine_engine import ops
 
-    with env_knobs(DSPINE_DENSE_SM90_WIDE="1"):
+    with env_knobs(DSPINE_DENSE_SM90_WIDE=wide):
         return rows_alone_equal(lambda t: ops.dense_matmul(t, weight, n), x)
 
 

@@ -51,7 +51,8 @@
 #                csrc/cuda/launch.cuh)
 #   round-auto, round-auto-pdl  the round with DSPINE_DENSE_CUDA=auto (our GEMM for the lm_head
 #                only), unchained and chained
-#   round-wide   `round-dense` with the Hopper GEMM's wide wgmma (DSPINE_DENSE_SM90_WIDE=1)
+#   round-narrow `round-dense` with the Hopper GEMM's narrow wgmma (DSPINE_DENSE_SM90_WIDE=0; the
+#                wide form is the default since the 37th session)
 #   round-ks, round-auto-pdl-ks  `round` and `round-auto-pdl` with the row-exact attention on the
 #                key-split variant (DSPINE_ATTN_EXACT=2: verify blocks 16 rows a CTA)
 #   sass-dense   the GEMM's SASS (cuobjdump): where its loads issue against its mmas
@@ -180,7 +181,7 @@ for b in ${BENCH:-}; do case $b in
   round-dense-pdl) round_word round_dense_pdl 1 1 ;;
   round-auto) round_word round_auto auto 0 ;;
   round-auto-pdl) round_word round_auto_pdl auto 1 ;;
-  round-wide) DSPINE_DENSE_SM90_WIDE=1 round_word round_wide 1 0 ;;
+  round-narrow) DSPINE_DENSE_SM90_WIDE=0 round_word round_narrow 1 0 ;;
   round-ks) DSPINE_ATTN_EXACT=2 round_word round_ks 0 0 ;;
   round-auto-pdl-ks) DSPINE_ATTN_EXACT=2 round_word round_auto_pdl_ks auto 1 ;;
   sass-sm90)  # the hd-128 bf16 prefill kernel's landmarks in SASS order (sass_landmarks.py): where
@@ -200,7 +201,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, round-auto, round-auto-pdl, round-wide, round-ks, round-auto-pdl-ks, sass-dense, sass-sm90)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, round-auto, round-auto-pdl, round-narrow, round-ks, round-auto-pdl-ks, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)

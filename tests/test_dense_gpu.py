@@ -85,10 +85,11 @@ HOPPER_KNOBS = {"plan": {}, "1 CTA": {"DSPINE_DENSE_SM90_CTAS": "1"},
                 "sms-1 CTAs": {"DSPINE_DENSE_SM90_CTAS": "sms-1"},
                 "64 wide": {"DSPINE_DENSE_SM90_BN": "64"},
                 "128 wide, 29 CTAs": {"DSPINE_DENSE_SM90_BN": "128", "DSPINE_DENSE_SM90_CTAS": "29"},
-                # One wgmma for a warpgroup's 32 / 64 rows: rows alone (one m64n16k16) must match
-                # rows in those calls for the wide form to keep the row contract.
-                "wide mma": {"DSPINE_DENSE_SM90_WIDE": "1"},
-                "wide mma, 7 CTAs": {"DSPINE_DENSE_SM90_WIDE": "1", "DSPINE_DENSE_SM90_CTAS": "7"}}
+                # The plan's default is one wgmma for a warpgroup's 32 / 64 rows (wide): rows alone
+                # (one m64n16k16) must match rows in those calls for it to keep the row contract;
+                # the narrow form (one m64n16k16 per 16 rows) stays a knob, and must keep it too.
+                "narrow mma": {"DSPINE_DENSE_SM90_WIDE": "0"},
+                "narrow mma, 7 CTAs": {"DSPINE_DENSE_SM90_WIDE": "0", "DSPINE_DENSE_SM90_CTAS": "7"}}
 
 
 def _set_knobs(monkeypatch, knobs):
@@ -270,20 +271,22 @@ def test_bad_arguments_are_errors():
 
 
 def test_dense_takes_the_kernel_where_asked(monkeypatch):
-    """auto: the vocabulary projections where the Hopper kernel runs; 0: never (the default until
-    auto's round and engine tests have run); 1: always; anything else an error."""
+    """auto (the default): the vocabulary projections where the Hopper kernel runs; 0: never;
+    1: always; anything else an error."""
     x, w = _inputs(16, 512, 256, torch.bfloat16, seed=7)
     xd, wd = x.to(DEV), w.to(DEV)
-    monkeypatch.delenv("DSPINE_DENSE_CUDA", raising=False)
-    assert not Dense(wd).own_cuda_gemm and not Dense(wd, vocabulary=True).own_cuda_gemm
-    monkeypatch.setenv("DSPINE_DENSE_CUDA", "auto")
-    assert not Dense(wd).own_cuda_gemm
-    head = Dense(wd, vocabulary=True)
-    assert head.own_cuda_gemm == _hopper_kernel_available()
-    assert torch.equal(head(xd), ops.dense_matmul(xd, wd, 512) if head.own_cuda_gemm
-                       else torch.nn.functional.linear(xd, wd))
+    for auto in (None, "auto"):
+        if auto is None:
+            monkeypatch.delenv("DSPINE_DENSE_CUDA", raising=False)
+        else:
+            monkeypatch.setenv("DSPINE_DENSE_CUDA", auto)
+        assert not Dense(wd).own_cuda_gemm
+        head = Dense(wd, vocabulary=True)
+        assert head.own_cuda_gemm == _hopper_kernel_available()
+        assert torch.equal(head(xd), ops.dense_matmul(xd, wd, 512) if head.own_cuda_gemm
+                           else torch.nn.functional.linear(xd, wd))
     monkeypatch.setenv("DSPINE_DENSE_CUDA", "0")
-    assert not Dense(wd).own_cuda_gemm
+    assert not Dense(wd).own_cuda_gemm and not Dense(wd, vocabulary=True).own_cuda_gemm
     monkeypatch.setenv("DSPINE_DENSE_CUDA", "yes")
     with pytest.raises(ValueError, match="DSPINE_DENSE_CUDA must be auto, 0 or 1"):
         Dense(wd)
@@ -293,3 +296,7 @@ def test_dense_takes_the_kernel_where_asked(monkeypatch):
     assert torch.equal(dense(xd), ops.dense_matmul(xd, wd, 512))
     many = torch.randn(200, 256, dtype=torch.bfloat16, device=DEV)  # past CUDA_MAX_ROWS: cuBLAS
     assert torch.equal(dense(many), torch.nn.functional.linear(many, wd))
+    # a vocabulary projection stays on our kernel at any row count (a launch per 128 rows)
+    head = Dense(wd, vocabulary=True)
+    assert torch.equal(head(many), ops.dense_matmul(many, wd, 512))
+    assert torch.equal(head(many)[150:170], head(many[150:170]))

@@ -42,8 +42,10 @@ def _chain(x, layers, hidden, inter):
     return h, residual
 
 
+@pytest.mark.parametrize("chained", ["1", None], ids=["pdl1", "pdl_unset"])
 @pytest.mark.parametrize("rows", [1, 16, 100])
-def test_chained_launches_give_the_unchained_results(rows, monkeypatch):
+def test_chained_launches_give_the_unchained_results(rows, chained, monkeypatch):
+    """Chained (DSPINE_PDL=1, and unset: the default) equals unchained, eager and in a graph."""
     hidden, inter = 1024, 2816
     layers = _layers(hidden, inter, 6)
     x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16).to(DEV)
@@ -51,7 +53,10 @@ def test_chained_launches_give_the_unchained_results(rows, monkeypatch):
     want = [t.clone() for t in _chain(x, layers, hidden, inter)]
     assert all(torch.isfinite(t.float()).all() for t in want)
 
-    monkeypatch.setenv("DSPINE_PDL", "1")
+    if chained is None:
+        monkeypatch.delenv("DSPINE_PDL")
+    else:
+        monkeypatch.setenv("DSPINE_PDL", chained)
     for _ in range(3):
         got = _chain(x, layers, hidden, inter)
         for g, w in zip(got, want):

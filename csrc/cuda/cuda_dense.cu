@@ -60,13 +60,15 @@ void run(const at::Tensor& x, const at::Tensor& weight, int64_t n, at::Tensor& y
   // the mma.sync kernel (a measurement aid: the two round differently, so a process should not
   // mix them). DSPINE_DENSE_SM90_BN (64, 128) and DSPINE_DENSE_SM90_CTAS (1 .. SMs) fix the sm90
   // kernel's tile width and CTA count (tests, tuning; each choice is row-exact on its own);
-  // DSPINE_DENSE_SM90_WIDE=1 one wgmma for 32 or 64 rows (under test: whether rows stay exact).
+  // DSPINE_DENSE_SM90_WIDE one wgmma for a warpgroup's 32 or 64 rows (1, the default since the
+  // 37th session: rows stay exact, and on the H100 it took the Qwen3-8B lm_head's 128 rows from
+  // 515 to 460 us) or one m64n16k16 for each 16 rows (0).
   const bool sm90 = env_int("DSPINE_DENSE_SM90", 1) != 0;
   const int sms = num_sms();
   gpu::DenseSm90Knobs knobs;
   knobs.block_n = env_int("DSPINE_DENSE_SM90_BN", 0);
   knobs.ctas = env_int("DSPINE_DENSE_SM90_CTAS", 0);
-  const int wide = env_int("DSPINE_DENSE_SM90_WIDE", 0);
+  const int wide = env_int("DSPINE_DENSE_SM90_WIDE", 1);
   TORCH_CHECK(wide == 0 || wide == 1, "dense_matmul: DSPINE_DENSE_SM90_WIDE must be 0 or 1, got ", wide);
   knobs.wide = wide == 1;
   TORCH_CHECK(knobs.block_n == 0 || knobs.block_n == 64 || knobs.block_n == 128,

@@ -65,12 +65,13 @@ struct DenseSm90Tile {
       cute::GMMA::Layout_K_SW128_Atom<E>{}, cute::Shape<cute::Int<BN>, cute::Int<kStageK>, cute::Int<kStages>>{}));
   using SmemLayoutX = decltype(cute::tile_to_shape(  // one warpgroup's
       cute::GMMA::Layout_K_SW128_Atom<E>{}, cute::Shape<cute::Int<kGroupRows>, cute::Int<kStageK>, cute::Int<kStages>>{}));
-  // Narrow (the default): m64n16k16 whatever RT and WG, more rows being more wgmmas of the same
-  // shape (one instruction for every row count, so a row's bits cannot depend on it). Wide
-  // (DSPINE_DENSE_SM90_WIDE=1, under test): one m64n(16 RT)k16 for a warpgroup's rows, which reads
-  // the weight's 64 x 16 operand from shared memory once instead of RT times. At 128 rows the
-  // narrow form reads ~320 KB of shared memory a 32 KB stage, as long as the stage takes to
-  // arrive (H100, 35th session: 0.5-0.8x cuBLAS at 128 rows, ~0.9-1.06x at 16).
+  // Narrow (DSPINE_DENSE_SM90_WIDE=0): m64n16k16 whatever RT and WG, more rows being more wgmmas
+  // of the same shape. Wide (the default since the 37th session): one m64n(16 RT)k16 for a
+  // warpgroup's rows, which reads the weight's 64 x 16 operand from shared memory once instead of
+  // RT times (at 128 rows the narrow form reads ~320 KB of shared memory a 32 KB stage, as long as
+  // the stage takes to arrive). Each output is still one fp32 chain in the same k order, and
+  // tests/test_dense_gpu.py holds every row equal to the row alone (one m64n16k16): on the H100
+  // the wide form was as fast at 16 rows and 5-15% faster at 64-128 (37th session).
   static constexpr int kMmaN = WIDE ? kGroupRows : 16;
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::ss_op_selector<E, E, float, cute::Shape<cute::_64, cute::Int<kMmaN>, cute::Int<kStageK>>>()));

@@ -15,12 +15,12 @@ namespace gpu {
 
 // Tuning and test aids (0: the plan's choice): the tile width, 64 or 128 columns
 // (DSPINE_DENSE_SM90_BN), and the CTA count, 1 up to the SM count (DSPINE_DENSE_SM90_CTAS; it moves
-// where the stream-K ranges cut the tiles); `wide` (DSPINE_DENSE_SM90_WIDE=1): one wgmma for a
-// warpgroup's 32 or 64 rows instead of one per 16 (dense_sm90.cuh, DenseSm90Tile::kMmaN).
+// where the stream-K ranges cut the tiles); `wide` (DSPINE_DENSE_SM90_WIDE, 1 unless set to 0):
+// one wgmma for a warpgroup's 32 or 64 rows instead of one per 16 (dense_sm90.cuh, DenseSm90Tile::kMmaN).
 struct DenseSm90Knobs {
   int block_n = 0;
   int ctas = 0;
-  bool wide = false;
+  bool wide = true;
 };
 
 #if defined(DSPINE_WITH_SM90)

@@ -11,16 +11,17 @@ whatever rows share the call, and was faster than MKL from 1 to 256 rows on the 
 (docs/DECISIONS.md, "CPU dense GEMM of our own").
 
 On CUDA the weight keeps the checkpoint layout. ``DSPINE_DENSE_CUDA`` (read when a Dense is
-built) chooses who runs calls of up to CUDA_MAX_ROWS rows: ``0`` (the default) cuBLAS;
-``auto`` our row-invariant kernel (ops.dense_matmul) for the vocabulary projections (lm_head)
-where the Hopper kernel runs (csrc/cuda/dense_sm90.cuh), cuBLAS for the rest and elsewhere: on
-the H100 the Qwen3-8B-shaped round's draft lm_head (120 rows) took 3.49 ms on cuBLAS (a 16-row
-tile, the weight read eight times) and the draft 2.83 ms in all with our kernel against 5.20,
-while our kernel trailed cuBLAS on the 128-row layer projections (docs/BENCHMARKS.md,
-thirty-fifth session); ``1`` our kernel for every projection on every GPU (the mma.sync kernel
-off Hopper: a measurement aid). ``auto`` becomes the default once the round has measured it and
-the engine's GPU tests have run on it (docs/DECISIONS.md). F.linear otherwise (more rows, a bias,
-other dtypes).
+built) chooses who runs the layer projections' calls of up to CUDA_MAX_ROWS rows and the
+vocabulary projections' calls of any size: ``auto`` (the default) our row-invariant kernel
+(ops.dense_matmul) for the vocabulary projections (lm_head) where the Hopper kernel runs
+(csrc/cuda/dense_sm90.cuh), cuBLAS for the rest and elsewhere; ``0`` cuBLAS for all; ``1`` our
+kernel for every projection on every GPU (the mma.sync kernel off Hopper: a measurement aid).
+Why auto: cuBLAS ran the Qwen3-8B-shaped draft's lm_head (15 rows a sequence) on a 16-row tile,
+reading the 1.2 GB weight once per 16 rows (3.5 ms at batch 8, 13.4 ms at batch 32 on the H100),
+and the round took 13.18 -> 10.31 ms at batch 8 and 32.19 -> 21.95 ms at batch 32 with it on
+ours, 9.11 -> 8.98 at batch 1, while our kernel trails cuBLAS on the 64-128-row layer
+projections (docs/BENCHMARKS.md, 37th session). F.linear otherwise (a bias, other dtypes, layer
+projections of more rows).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from .. import ops
 from .weight_arena import weight_buffer
 
-DENSE_CUDA_DEFAULT = "0"  # "auto" once measured (above)
+DENSE_CUDA_DEFAULT = "auto"  # measured in the round and the engine GPU tests (above)
 CUDA_MAX_ROWS = 128  # the Hopper kernel reads the weight once for up to 128 rows; more re-read it
 
 
@@ -78,9 +79,18 @@ class Dense:
         """The weight in the checkpoint's [out, in] layout (on the CPU a copy, unpacked)."""
         return ops.dense_unpack(self.weight, self.out_features) if self.packed else self.weight
 
+    def _runs_own_cuda_gemm(self, x: torch.Tensor) -> bool:
+        """Layer projections: up to CUDA_MAX_ROWS rows. Vocabulary projections: any rows (a
+        launch per 128, each reading the weight once): on the H100 cuBLAS ran the Qwen3-8B-shaped
+        draft's lm_head at 480 rows (batch 32) in 13.4 ms on a 16-row tile, and one kernel for
+        every row count gives a position the same logits in decode, draft and verify."""
+        if not self.own_cuda_gemm or x.dtype != self.weight.dtype:
+            return False
+        return self.vocabulary or x.numel() <= CUDA_MAX_ROWS * x.shape[-1]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.packed:
-            if self.own_cuda_gemm and x.dtype == self.weight.dtype and x.numel() <= CUDA_MAX_ROWS * x.shape[-1]:
+            if self._runs_own_cuda_gemm(x):
                 return ops.dense_matmul(x, self.weight, self.out_features)
             return F.linear(x, self.weight, self.bias)
         y = ops.dense_matmul(x, self.weight, self.out_features)
