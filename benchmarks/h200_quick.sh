@@ -40,6 +40,8 @@
 #   verify-splits  decode and verify blocks at 1K / 4K, batch 1 / 8, with 1-32 splits forced (the planner's
 #                choice at short contexts)
 #   ncu-verify   one of the round's attention (ncu_cases.py verify_qwen3_1k_b1)
+#   ncu-dense    one launch each of our GEMM and cuBLAS's on Qwen3-8B's qkv and o at 16 rows
+#                (ncu_cases.py dense_* / cublas_*): where ours loses its ~4 us
 #   ncu-walk     one of the walk's top-k kernel at batch 32
 #   ncu-pairs    one of the walk's pair-score and chain kernel at batch 32
 #   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
@@ -165,6 +167,11 @@ for b in ${BENCH:-}; do case $b in
   round) round_word round 0 0 ;;  # issue 12 item 4: the Qwen3-8B-shaped round, cuBLAS projections
   ncu-verify)  # the round's attention: a 16-token verify block, Qwen3-8B heads, 1K, batch 1, exact
     ncu_one verify_1k paged_attention_mma 1 python3 benchmarks/ncu_cases.py verify_qwen3_1k_b1 --repeats 3 ;;
+  ncu-dense)  # the third launch of each case (the first two pay the workspace and the tensor maps)
+    for shape in qkv o; do
+      ncu_one dense_${shape}_16 dense_sm90_kernel 2 python3 benchmarks/ncu_cases.py dense_${shape}_16 --repeats 3
+      ncu_one cublas_${shape}_16 "nvjet|gemm|splitK" 2 python3 benchmarks/ncu_cases.py cublas_${shape}_16 --repeats 3
+    done ;;
   ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
   ncu-pairs) profile walk_pairs walk_pairs_kernel --sampling-only ;;  # the walk's second launch, batch 32
   walk-splits)  # the walk's top-k pass with rows sliced n ways (480 rows at batch 32 = 3.6 per SM:
@@ -201,7 +208,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, round-auto, round-auto-pdl, round-narrow, round-ks, round-auto-pdl-ks, sass-dense, sass-sm90)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-dense, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, round-auto, round-auto-pdl, round-narrow, round-ks, round-auto-pdl-ks, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)

@@ -18,6 +18,9 @@ Cases (issue 12's latency-bound kernels):
                       batch 1, in the engine's row-exact mode (the step table's round)
   block_verify_topk_b32  the block verify sampling at T = 1 with top-k 50 and top-p 0.9, batch 32,
                       V = 151936 (issue 12's 3.3 ms row, goal 50 us)
+  dense_qkv_16, dense_o_16  our GEMM on Qwen3-8B's qkv / o projection for a batch-1 verify block
+                      (16 rows; 24 / 19 us against cuBLAS's 20 / 16 on the H100, 37th session)
+  cublas_qkv_16, cublas_o_16  cuBLAS on the same (torch.matmul), to profile side by side
 """
 from __future__ import annotations
 
@@ -73,12 +76,29 @@ def block_verify_case(batch: int, vocab: int, top_k: int, top_p: float):
     return lambda: ops.block_verify(logits, draft, cand_ids, cand_probs, temp, tk, tp, u)
 
 
+# Qwen3-8B's projections as (out, in): qkv (32 + 2 x 8 heads of 128), o.
+DENSE_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096)}
+
+
+def dense_case(shape: str, rows: int, ours: bool):
+    n, k = DENSE_SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    weight = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(torch.bfloat16)
+    x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+    out = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
+    if ours:
+        return lambda: ops.dense_matmul(x, weight, n, out=out)
+    return lambda: torch.matmul(x, weight.t(), out=out)
+
+
 CASES = {
     "walk_b1_v49152": lambda: walk_case(1, 49152),
     "walk_b1_v151936": lambda: walk_case(1, 151936),
     "walk_b32_v151936": lambda: walk_case(32, 151936),
     "verify_qwen3_1k_b1": lambda: verify_attention_case(1024),
     "block_verify_topk_b32": lambda: block_verify_case(32, 151936, 50, 0.9),
+    **{f"{who}_{shape}_16": (lambda shape=shape, ours=who == "dense": dense_case(shape, 16, ours))
+       for who in ("dense", "cublas") for shape in DENSE_SHAPES},
 }
 
 
