@@ -52,7 +52,8 @@
 #   round-pdl, round-dense-pdl  `round` and `round-dense` with our launches chained (DSPINE_PDL=1:
 #                csrc/cuda/launch.cuh)
 #   round-auto, round-auto-pdl  the round with DSPINE_DENSE_CUDA=auto (our GEMM for the lm_head
-#                only), unchained and chained
+#                only), unchained and chained (round-auto-pdl: the engine's defaults since the 37th
+#                session)
 #   round-narrow `round-dense` with the Hopper GEMM's narrow wgmma (DSPINE_DENSE_SM90_WIDE=0; the
 #                wide form is the default since the 37th session)
 #   round-ks, round-auto-pdl-ks  `round` and `round-auto-pdl` with the row-exact attention on the
