@@ -29,8 +29,9 @@
 #               A call may run 10 minutes: keep FIT_MIN <= 8 (<= 3.5 with TWIN=soft0).
 #   gputest     (instead of data/fit/measure) every GPU test, the quantised CPU tests on the
 #               host's CPU (AVX-512), the serve load benchmark; TEST_K narrows the GPU tests
-#               (pytest -k; TEST_WORKERS the pytest-xdist workers, 12: 5 on an H100, whose 80 GB
-#               twelve engine tests at once ran out of; TEST_S the tests' time limit, 400 s: at 300 s the 2026-12-04 run
+#               (pytest -k; TEST_WORKERS the pytest-xdist workers: one per 14 GiB of the GPU's
+#               memory, 2-12, so 5 on an H100, whose 80 GB twelve engine-test workers ran out of,
+#               and 10 on an H200; TEST_S the tests' time limit, 400 s: at 300 s the 2026-12-04 run
 #               stopped at ~97% with 8 workers, no failure; now 12 workers), then memcheck over
 #               the tests MEMCHECK_K selects (default: the RoPE, walk and exact-segment ones;
 #               MEMCHECK_S, 120 s). GPU_ONLY=1 stops after the GPU tests and memcheck (no
@@ -320,7 +321,10 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   convert_model >/dev/null || exit 1
   # A hung kernel fails its test, not the call (pytest-timeout, from .whl, where staged).
   per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-180} --timeout-method thread"
-  LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-400} python3 -m pytest -q -m gpu -n ${TEST_WORKERS:-12} tests -rf --durations=25 $per_test ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
+  # Workers by memory: the engine's tests hold up to ~12 GB each (37th session, H100).
+  local_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  workers=$(( ${local_mib:-143360} / 14336 )); [ $workers -gt 12 ] && workers=12; [ $workers -lt 2 ] && workers=2
+  LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-400} python3 -m pytest -q -m gpu -n ${TEST_WORKERS:-$workers} tests -rf --durations=25 $per_test ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
   # memcheck over the kernels changed since the last run (MEMCHECK_K: a pytest -k; empty skips it)
   MEMCHECK_K=${MEMCHECK_K-rope or transition_walk or exact_segment}
