@@ -20,8 +20,8 @@ Why auto: cuBLAS ran the Qwen3-8B-shaped draft's lm_head (15 rows a sequence) on
 reading the 1.2 GB weight once per 16 rows (3.5 ms at batch 8, 13.4 ms at batch 32 on the H100),
 and the round took 13.18 -> 10.31 ms at batch 8 and 32.19 -> 21.95 ms at batch 32 with it on
 ours, 9.11 -> 8.98 at batch 1, while our kernel trails cuBLAS on the layer projections
-(0.82-0.98x at 16 rows, 0.57-0.87x at 128; docs/BENCHMARKS.md, 37th session). F.linear otherwise (a bias, other dtypes, layer
-projections of more rows).
+(0.82-0.98x at 16 rows, 0.57-0.87x at 128; docs/BENCHMARKS.md, 37th session). F.linear
+otherwise (a bias, other dtypes, layer projections of more rows).
 """
 from __future__ import annotations
 
