@@ -341,9 +341,20 @@ def transition_walk(logits, g, pred_table, succ_table, anchor, top_k: int, tempe
 
 
 def _topk_sorted(x: torch.Tensor, k: int):
-    # Stable sort on -x gives "higher score first, lower id first on ties".
-    order = torch.sort(-x.float(), stable=True).indices[:k]
-    return x.float()[order], order
+    """The first k of a stable sort on -x: higher first, the lower id first on ties, NaN after
+    every number (-inf included). Sorts only the entries at or above the k-th largest (NaN
+    counted as -inf), a set that holds those first k: the same ids and order as sorting the
+    whole row, ~100x faster on a 152K vocabulary, which the GPU tests' references sort 480 rows of."""
+    xs = x.float()
+    if k < xs.numel():
+        key = torch.where(torch.isnan(xs), torch.full_like(xs, -math.inf), xs)
+        kth = torch.topk(key, k).values[-1]
+        if kth > -math.inf:  # else NaN and -inf entries compete: sort them all
+            held = torch.nonzero(key >= kth).flatten()  # ascending ids: the stable order of ties
+            order = held[torch.sort(-xs[held], stable=True).indices[:k]]
+            return xs[order], order
+    order = torch.sort(-xs, stable=True).indices[:k]
+    return xs[order], order
 
 
 def transition_walk_ref(logits, g, pred_table, succ_table, anchor, top_k, temperature, uniforms):

@@ -485,6 +485,28 @@ def test_block_verify_greedy_accepts_exact_prefix():
     assert int(accept[0]) == 2 and out[0].tolist() == [3, 7, 2, -1]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_walk_reference_top_k_is_the_stable_sort(dtype):
+    """The walk reference's top-k (which sorts only the entries at or above the k-th largest) gives
+    the first k ids and values of a stable sort of the whole row on -x, on rows full of ties, NaN,
+    +-inf and -0.0, k from 1 to past the row's length."""
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(400):
+        vocab = int(torch.randint(1, 200, (1,), generator=gen))
+        k = int(torch.randint(1, 40, (1,), generator=gen))
+        x = torch.randint(-3, 4, (vocab,), generator=gen).float()
+        kind = torch.rand(vocab, generator=gen)
+        x[kind < 0.1] = math.nan
+        x[(kind >= 0.1) & (kind < 0.15)] = -math.inf
+        x[(kind >= 0.15) & (kind < 0.2)] = math.inf
+        x[(kind >= 0.2) & (kind < 0.25)] = -0.0
+        x = x.to(dtype)
+        want = torch.sort(-x.float(), stable=True).indices[:k]
+        values, ids = ops._topk_sorted(x, k)
+        assert torch.equal(ids, want), (x, k)
+        assert torch.equal(values.nan_to_num(99.0), x.float()[want].nan_to_num(99.0))
+
+
 def _walk_equal(got, ref, b):
     return (torch.equal(got[0][b].cpu(), ref[0][b].cpu())
             and torch.equal(got[1][b].cpu(), ref[1][b].cpu())
