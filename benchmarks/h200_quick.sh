@@ -40,8 +40,9 @@
 #   verify-splits  decode and verify blocks at 1K / 4K, batch 1 / 8, with 1-32 splits forced (the planner's
 #                choice at short contexts)
 #   ncu-verify   one of the round's attention (ncu_cases.py verify_qwen3_1k_b1)
-#   ncu-dense    one launch each of our GEMM and cuBLAS's on Qwen3-8B's qkv and o at 16 rows
-#                (ncu_cases.py dense_* / cublas_*): where ours loses its ~4 us
+#   ncu-dense    one launch each of our GEMM and cuBLAS's on Qwen3-8B's qkv and o at DENSE_ROWS
+#                rows (16; "16 128" adds the batch-8 block) (ncu_cases.py dense_* / cublas_*):
+#                where ours loses its ~4 us at 16 rows, and 11-12 at 128
 #   ncu-walk     one of the walk's top-k kernel at batch 32
 #   ncu-pairs    one of the walk's pair-score and chain kernel at batch 32
 #   walk-splits  the walk floor with its rows sliced 1, 2, 4 and 8 ways (DSPINE_WALK_SPLITS)
@@ -169,10 +170,10 @@ for b in ${BENCH:-}; do case $b in
   ncu-verify)  # the round's attention: a 16-token verify block, Qwen3-8B heads, 1K, batch 1, exact
     ncu_one verify_1k paged_attention_mma 1 python3 benchmarks/ncu_cases.py verify_qwen3_1k_b1 --repeats 3 ;;
   ncu-dense)  # the third launch of each case (the first two pay the workspace and the tensor maps)
-    for shape in qkv o; do
-      ncu_one dense_${shape}_16 dense_sm90_kernel 2 python3 benchmarks/ncu_cases.py dense_${shape}_16 --repeats 3
-      ncu_one cublas_${shape}_16 "nvjet|gemm|splitK" 2 python3 benchmarks/ncu_cases.py cublas_${shape}_16 --repeats 3
-    done ;;
+    for rows in ${DENSE_ROWS:-16}; do for shape in qkv o; do
+      ncu_one dense_${shape}_$rows dense_sm90_kernel 2 python3 benchmarks/ncu_cases.py dense_${shape}_$rows --repeats 3
+      ncu_one cublas_${shape}_$rows "nvjet|gemm|splitK" 2 python3 benchmarks/ncu_cases.py cublas_${shape}_$rows --repeats 3
+    done; done ;;
   ncu-walk) profile walk_topk walk_topk_kernel --sampling-only ;;  # the batch-32 rows come first
   ncu-pairs) profile walk_pairs walk_pairs_kernel --sampling-only ;;  # the walk's second launch, batch 32
   walk-splits)  # the walk's top-k pass with rows sliced n ways (480 rows at batch 32 = 3.6 per SM:

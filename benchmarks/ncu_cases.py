@@ -20,7 +20,8 @@ Cases (issue 12's latency-bound kernels):
                       V = 151936 (issue 12's 3.3 ms row, goal 50 us)
   dense_qkv_16, dense_o_16  our GEMM on Qwen3-8B's qkv / o projection for a batch-1 verify block
                       (16 rows; 24 / 19 us against cuBLAS's 20 / 16 on the H100, 37th session)
-  cublas_qkv_16, cublas_o_16  cuBLAS on the same (torch.matmul), to profile side by side
+  dense_qkv_128, dense_o_128  the same for a batch-8 block (128 rows; 32 / 27 us against 21 / 15)
+  cublas_*            cuBLAS on the same shapes (torch.matmul), to profile side by side
 """
 from __future__ import annotations
 
@@ -97,8 +98,8 @@ CASES = {
     "walk_b32_v151936": lambda: walk_case(32, 151936),
     "verify_qwen3_1k_b1": lambda: verify_attention_case(1024),
     "block_verify_topk_b32": lambda: block_verify_case(32, 151936, 50, 0.9),
-    **{f"{who}_{shape}_16": (lambda shape=shape, ours=who == "dense": dense_case(shape, 16, ours))
-       for who in ("dense", "cublas") for shape in DENSE_SHAPES},
+    **{f"{who}_{shape}_{rows}": (lambda shape=shape, rows=rows, ours=who == "dense": dense_case(shape, rows, ours))
+       for who in ("dense", "cublas") for shape in DENSE_SHAPES for rows in (16, 128)},
 }
 
 
