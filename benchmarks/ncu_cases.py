@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from functools import partial
 
 import torch
 
@@ -98,7 +99,7 @@ CASES = {
     "walk_b32_v151936": lambda: walk_case(32, 151936),
     "verify_qwen3_1k_b1": lambda: verify_attention_case(1024),
     "block_verify_topk_b32": lambda: block_verify_case(32, 151936, 50, 0.9),
-    **{f"{who}_{shape}_{rows}": (lambda shape=shape, rows=rows, ours=who == "dense": dense_case(shape, rows, ours))
+    **{f"{who}_{shape}_{rows}": partial(dense_case, shape, rows, who == "dense")
        for who in ("dense", "cublas") for shape in DENSE_SHAPES for rows in (16, 128)},
 }
 
