@@ -15,9 +15,9 @@
 // not ours (torch's, cuBLAS's) is launched without the attribute and so waits as usual.
 //
 // DSPINE_PDL: unset or 1 (the default since the 37th session: the Qwen3-8B-shaped round with our
-// GEMM chained took its verify graph from 6.96 to 6.57 ms at batch 1 on the H100, every kernel and
-// engine GPU test passing chained) chains the launches on sm_90+ (older GPUs launch as usual); 0
-// launches them unchained. Read at every launch (a CUDA graph keeps what it captured).
+// GEMM chained took its verify graph from 6.96 to 6.57 ms at batch 1 on the H100, the kernel file's
+// and the engine's GPU tests passing chained) chains the launches on sm_90+ (older GPUs launch as
+// usual); 0 launches them unchained. Read at every launch (a CUDA graph keeps what it captured).
 #pragma once
 
 #include <cuda_runtime.h>
