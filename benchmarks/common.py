@@ -137,10 +137,34 @@ def covered_us(spans) -> float:
     return total
 
 
+# What a kernel does, by the words in its name (torch.profiler's), first match first: the round's
+# time by kind, to set against each kind's floor (the weights for the GEMMs, the KV cache for the
+# attention; the elementwise kernels' bytes are negligible, so their time is launches and latency).
+KERNEL_KINDS = (
+    ("attention", ("paged_attention", "combine_splits")),
+    ("walk / verify", ("walk_", "block_verify")),
+    ("GEMM", ("nvjet", "gemm", "dense_sm90", "splitkreduce", "cutlass")),
+    ("norm / RoPE / SiLU", ("rms_norm", "rope", "silu", "injection")),
+)
+
+
+def kernel_kinds(table: dict) -> dict[str, float]:
+    """A device_kernels table's us a call by kind (KERNEL_KINDS; "other" for the rest), in the
+    order of KERNEL_KINDS, kinds with no kernel left out."""
+    us = dict.fromkeys([name for name, _ in KERNEL_KINDS] + ["other"], 0.0)
+    for k in table["kernels"]:
+        name = k["name"].lower()
+        kind = next((kind for kind, words in KERNEL_KINDS if any(w in name for w in words)), "other")
+        us[kind] += k["us"]
+    return {kind: v for kind, v in us.items() if v > 0}
+
+
 def kernel_rows_markdown(table: dict, top: int) -> str:
-    """The `top` largest kernels of a device_kernels table, as a markdown table."""
+    """The `top` largest kernels of a device_kernels table, as a markdown table, after the time
+    by kind (kernel_kinds)."""
+    kinds = ", ".join(f"{kind} {us:,.0f}" for kind, us in kernel_kinds(table).items())
     lines = [f"{table['launches']:.0f} device launches and {table['busy_us'] / 1e3:.3f} ms of kernel "
-             f"time a call; the {top} largest of {len(table['kernels'])} kernels:", "",
+             f"time a call (us by kind: {kinds}); the {top} largest of {len(table['kernels'])} kernels:", "",
              "| kernel | launches a call | us a call |", "|---|---|---|"]
     lines += [f"| {k['name'][:90]} | {k['launches']:.1f} | {k['us']:.1f} |" for k in table["kernels"][:top]]
     return "\n".join(lines)

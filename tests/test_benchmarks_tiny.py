@@ -64,7 +64,27 @@ def test_step_table_graph_kernels_say_the_idle_time():
     text = step_table.graph_kernels_markdown(row, "draft", top=1)
     assert text.startswith("Draft graph alone at batch 8, context 1024: 2.000 ms a replay, "
                            "500 us of it with no kernel running (25%)")
-    assert "| gemm | 2.0 | 1200.0 |" in text and "norm" not in text
+    assert "| gemm | 2.0 | 1200.0 |" in text and "| norm |" not in text
+    assert "(us by kind: GEMM 1,200, other 300)" in text
+
+
+def test_kernel_kinds_name_what_the_round_spends_on():
+    """The round's kernels by kind, from torch.profiler's names: cuBLAS's and ours (GEMMs, the
+    split-K reduce with them), the attention with its split combine, the elementwise kernels, the
+    walk and verify; the rest "other"."""
+    names = {"nvjet_sm90_tst_192x16_64x8_2x1_v_bz_TNT": 100.0,
+             "void dspine::gpu::dense_sm90_kernel<__nv_bfloat16, 128, 1, 1, true>(": 40.0,
+             "void cublasLt::splitKreduce_kernel<32, 16, int, float>(": 5.0,
+             "void dspine::gpu::paged_attention_mma_kernel<__nv_bfloat16, 128, false>(": 12.0,
+             "void dspine::gpu::combine_splits_kernel<__nv_bfloat16, 128>(": 3.0,
+             "void dspine::gpu::rms_norm_kernel<__nv_bfloat16, 8>(": 6.0,
+             "void dspine::gpu::rope_write_kv_kernel<__nv_bfloat16, 8>(": 4.0,
+             "void dspine::gpu::walk_topk_kernel<__nv_bfloat16, 8>(": 7.0,
+             "void dspine::gpu::block_verify_kernel<__nv_bfloat16>(": 2.0,
+             "Memset (Device)": 1.0}
+    table = {"kernels": [{"name": n, "launches": 1.0, "us": us} for n, us in names.items()]}
+    assert common.kernel_kinds(table) == {"attention": 15.0, "walk / verify": 9.0, "GEMM": 145.0,
+                                          "norm / RoPE / SiLU": 10.0, "other": 1.0}
 
 
 def test_covered_time_is_the_union_of_the_intervals():
