@@ -46,6 +46,9 @@ def test_step_table_tiny(tmp_path, capsys):
         for key in TIMES:
             assert math.isfinite(row[key]) and row[key] > 0, (key, row)
         assert row["kv_bytes"] > 0
+        # each graph's weights: the verify's are the target's less its embedding, the draft's
+        # its own and the lm_head; the round's floor counts the two models' weights once
+        assert 0 < row["draft_floor_ms"] < row["verify_floor_ms"] < row["floor_ms"]
     # No relation between the timings is asserted: one iteration on a shared 2-core machine
     # swings by seconds (a round measured faster than its draft alone under load).
     table = capsys.readouterr().out
@@ -60,10 +63,11 @@ def test_step_table_graph_kernels_say_the_idle_time():
     table = {"launches": 3.0, "busy_us": 2100.0, "covered_us": 1500.0,
              "kernels": [{"name": "gemm", "launches": 2.0, "us": 1200.0},
                          {"name": "norm", "launches": 1.0, "us": 300.0}]}
-    row = {"batch": 8, "context": 1024, "draft_graph_ms": 2.0, "draft_kernels": table}
+    row = {"batch": 8, "context": 1024, "draft_graph_ms": 2.0, "draft_kernels": table,
+           "draft_floor_ms": 1.25}
     text = step_table.graph_kernels_markdown(row, "draft", top=1)
-    assert text.startswith("Draft graph alone at batch 8, context 1024: 2.000 ms a replay, "
-                           "500 us of it with no kernel running (25%)")
+    assert text.startswith("Draft graph alone at batch 8, context 1024: 2.000 ms a replay (its "
+                           "weights read once: 1.250 ms), 500 us of it with no kernel running (25%)")
     assert "| gemm | 2.0 | 1200.0 |" in text and "| norm |" not in text
     assert "(us by kind: GEMM 1,200, other 300)" in text
 
