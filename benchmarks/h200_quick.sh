@@ -78,7 +78,8 @@ round_word() {
   DSPINE_DENSE_CUDA=$2 DSPINE_PDL=$3 LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py \
     --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 --kernels --out "$O/$1" > "$O/$1.log" 2>&1
   say "$1 rc $?"; grep -E '^\| (batch|1|8) \|' "$O/$1.log" | cut -c1-150
-  grep -E '^(Draft|Verify) graph alone' "$O/$1.log" | cut -d';' -f1  # each graph's idle share
+  # each graph's replay against its weights' read floor, its idle share and its time by kind
+  grep -E '^(Draft|Verify) graph alone' "$O/$1.log" | sed -E 's/; the [0-9]+ largest of .*//' 
 }
 build() {  # the extension in place (ninja recompiles what changed), its log into $1
   DSPINE_CUDA_ARCHS=${ARCHS:-90a} MAX_JOBS=$(nproc) timeout 330 python3 setup.py build_ext --inplace > "$1" 2>&1
