@@ -614,13 +614,13 @@ def main(argv=None) -> int:
     suffix = "" if args.target == "qwen3-8b" else "_" + args.target.replace(".", "")
     name = f"step_table_{device_slug(device, args.tiny)}{suffix}"
     configs = [(b, c) for c in args.contexts for b in args.batches]
+    graph_bytes = graph_read_bytes(runner.target, runner.draft)
     for batch, context in (bar := tqdm(configs, desc="step table", unit="cfg")):
         bar.set_postfix(batch=batch, context=context)
         row = bench_config(runner, scheduler, batch, context, args.iters, args.warmup, args.kernels)
         kv = (kv_read_bytes(runner.target, runner.draft, batch, context)
               + recurrent_bytes(runner.target, batch))
-        result["rows"].append(add_floors(row, weight_bytes, kv, ceilings["copy_GBps"],
-                                         graph_read_bytes(runner.target, runner.draft)))
+        result["rows"].append(add_floors(row, weight_bytes, kv, ceilings["copy_GBps"], graph_bytes))
         save_json(name, result, args.out)  # a killed run keeps the rows it finished
     if scheduler.cache.recurrent is not None:
         result["rollback"] = rollback_costs(runner, args)
