@@ -322,8 +322,8 @@ if [ "$MODE" = gputest ]; then  # after the stage calls: every GPU test and the 
   # A hung kernel fails its test, not the call (pytest-timeout, from .whl, where staged).
   per_test=""; python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout ${TEST_TIMEOUT:-180} --timeout-method thread"
   # Workers by memory: the engine's tests hold up to ~12 GB each (37th session, H100).
-  local_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-  workers=$(( ${local_mib:-143360} / 14336 )); [ $workers -gt 12 ] && workers=12; [ $workers -lt 2 ] && workers=2
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+  workers=$(( ${gpu_mib:-143360} / 14336 )); [ $workers -gt 12 ] && workers=12; [ $workers -lt 2 ] && workers=2
   LD_PRELOAD=$CXX_LIB timeout ${TEST_S:-400} python3 -m pytest -q -m gpu -n ${TEST_WORKERS:-$workers} tests -rf --durations=25 $per_test ${TEST_K:+-k "$TEST_K"} > $R/logs/gpu_tests.log 2>&1
   say "gpu tests rc $? : $(tail -1 $R/logs/gpu_tests.log)"; grep -E "^(FAILED|ERROR)" $R/logs/gpu_tests.log | head -20
   # memcheck over the kernels changed since the last run (MEMCHECK_K: a pytest -k; empty skips it)
