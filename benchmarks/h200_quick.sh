@@ -59,6 +59,9 @@
 #                wide form is the default since the 37th session)
 #   round-ks, round-auto-pdl-ks  `round` and `round-auto-pdl` with the row-exact attention on the
 #                key-split variant (DSPINE_ATTN_EXACT=2: verify blocks 16 rows a CTA)
+#   round-seg128, round-seg64  `round-auto-pdl` with the row-exact attention's segments of 128 / 64
+#                keys (DSPINE_ATTN_EXACT_SEGMENT, 256 by default): at 1K a verify block's 4 CTAs a
+#                KV head each stream 4 key tiles one after another (latency-bound, 32 CTAs)
 #   sass-dense   the GEMM's SASS (cuobjdump): where its loads issue against its mmas
 #   sass-sm90    the hd-128 prefill kernel's landmarks in SASS order (sass_landmarks.py): wgmma
 #                issues and waits against the softmax's exp2 runs
@@ -72,12 +75,12 @@ export DSPINE_CUTLASS_INCLUDE=/root/site/cutlass_library/source/include
 # The tests run on the compiler's libstdc++ (the GPU machine's torch loads an older one first).
 CXX_LIB=$($(command -v c++ || echo g++) -print-file-name=libstdc++.so)
 # The Qwen3-8B-shaped round (random weights, no staged model) at batch 1 and 8 (ROUND_BATCHES), 1K
-# context, kernel by kernel (step_table.py --kernels: the round, then its draft and verify graphs
+# context (ROUND_CONTEXTS), kernel by kernel (step_table.py --kernels: the round, then its draft and verify graphs
 # alone, each with the time no kernel ran): round_word NAME DSPINE_DENSE_CUDA DSPINE_PDL.
 round_word() {
   DSPINE_DENSE_CUDA=$2 DSPINE_PDL=$3 LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py \
-    --batches ${ROUND_BATCHES:-1 8} --contexts 1024 --iters 10 --kernels --out "$O/$1" > "$O/$1.log" 2>&1
-  say "$1 rc $?"; grep -E '^\| (batch|1|8) \|' "$O/$1.log" | cut -c1-150
+    --batches ${ROUND_BATCHES:-1 8} --contexts ${ROUND_CONTEXTS:-1024} --iters 10 --kernels --out "$O/$1" > "$O/$1.log" 2>&1
+  say "$1 rc $?"; grep -E '^\| (batch|1|8|32) \|' "$O/$1.log" | cut -c1-150
   # each graph's replay against its weights' read floor, its idle share and its time by kind
   grep -E '^(Draft|Verify) graph alone' "$O/$1.log" | sed -E 's/; the [0-9]+ largest of .*//' 
 }
@@ -194,6 +197,9 @@ for b in ${BENCH:-}; do case $b in
   round-narrow) DSPINE_DENSE_SM90_WIDE=0 round_word round_narrow 1 0 ;;
   round-ks) DSPINE_ATTN_EXACT=2 round_word round_ks 0 0 ;;
   round-auto-pdl-ks) DSPINE_ATTN_EXACT=2 round_word round_auto_pdl_ks auto 1 ;;
+  round-seg128|round-seg64)  # the defaults' round with the row-exact attention's segments of 128 / 64
+    # keys (DSPINE_ATTN_EXACT_SEGMENT; 256 by default): more CTAs of shorter chains at 1K
+    DSPINE_ATTN_EXACT_SEGMENT=${b#round-seg} round_word round_auto_pdl_${b#round-} auto 1 ;;
   sass-sm90)  # the hd-128 bf16 prefill kernel's landmarks in SASS order (sass_landmarks.py): where
     # ptxas put each wgmma wait against the softmax's exp2 runs
     so=$(ls dspine_engine/_C*.so | head -1)
@@ -211,7 +217,7 @@ for b in ${BENCH:-}; do case $b in
       say "sass-dense ring=$ring: $(grep -cE 'LDG' "$f") LDG, $(grep -cE 'LDGSTS' "$f") LDGSTS, $(grep -cE 'HMMA' "$f") HMMA"
       grep -oE '(LDGSTS|LDG|LDS|HMMA|BAR|BRA)[.A-Z0-9_]*' "$f" | tr '\n' ' ' | cut -c1-700; echo
     done ;;
-  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-dense, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, round-auto, round-auto-pdl, round-narrow, round-ks, round-auto-pdl-ks, sass-dense, sass-sm90)" ;;
+  *) say "BENCH: unknown word $b (prefill, prefill-async, prefill-pages, prefill-cuts, attention, segments, round, ncu, ncu-async, ncu-verify, ncu-dense, ncu-walk, ncu-pairs, walk-splits, verify-splits, dense, round-dense, round-pdl, round-dense-pdl, round-auto, round-auto-pdl, round-narrow, round-ks, round-auto-pdl-ks, round-seg128, round-seg64, sass-dense, sass-sm90)" ;;
 esac; done
 # Everything but the profiles in one archive: a call brings back at most 8 files.
 (cd "$O" && tar czf /tmp/quick_all.tgz --exclude='*.ncu-rep' . && rm -rf -- ./* && mv /tmp/quick_all.tgz all.tgz)
