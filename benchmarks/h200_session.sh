@@ -66,6 +66,9 @@
 #               segments (the default) and at 128 (DSPINE_ATTN_EXACT_SEGMENT): kernel_bench.py
 #               --exact rows, the Qwen3-8B step table at 1K/8K, then e2e on the default model
 #               at c = 8, 1, alternated twice: which size the default should be.     ~8 min
+#               MEASURE="defaultsab" (not in the default set): e2e on the default model at
+#               c = 32, 8, 1 under the GPU defaults (our GEMM for the lm_head, chained launches)
+#               and under DSPINE_DENSE_CUDA=0 DSPINE_PDL=0, alternated, twice.          ~5 min
 #               MEASURE="ncu" (not in the default set): ncu --set full on the walk's kernels at
 #               c = 1 (V = 49152 and 151936) and batch 32, the Qwen3-8B 1K verify attention, the
 #               top-k/top-p block verify at batch 32
@@ -393,7 +396,7 @@ if [ "$MODE" = measure ]; then  # MEASURE picks the parts; EVAL_ALSO="NAME=DIR .
   timeout 240 python3 benchmarks/drafter_eval.py --draft dspine=$drafter $also \
     --lossless 20 --lossless-dtypes bfloat16 --out $R > $R/logs/drafter_eval.log 2>&1
   say "drafter eval rc $? : $(grep tau $R/logs/drafter_eval.log | tr '\n' ';')"; pack;; esac
-  case " $MEASURE " in *" e2e "*|*" policytrace "*|*" exactab "*|*" segments "*)  # the end-to-end prompts: 40 MT-Bench + 40 HumanEval
+  case " $MEASURE " in *" e2e "*|*" policytrace "*|*" exactab "*|*" segments "*|*" defaultsab "*)  # the end-to-end prompts: 40 MT-Bench + 40 HumanEval
   python3 -c "
 from dspine_engine.datasets import humaneval_prompts, mtbench_prompts; import json
 ps = mtbench_prompts()[:40] + humaneval_prompts()[:40]
@@ -416,6 +419,17 @@ open('$S/e2e_prompts.jsonl','w').write(''.join(json.dumps({'prompt': p})+'\\n' f
       --concurrency 64 8 1 --attention $att --out $R --name exactab_${form}_$rep --quiet \
       > $R/logs/exactab_${form}_$rep.log 2>&1
     say "exactab $form $rep rc $?: $(grep -E 'c=' $R/logs/exactab_${form}_$rep.log | cut -c1-40 | tr '\n' ';')"
+  done; done; pack;; esac
+  case " $MEASURE " in *" defaultsab "*)  # the 37th session's GPU defaults against the old ones
+  # End to end on the default model at c = 32, 8, 1 (fixed policy, answers end at EOS): our GEMM
+  # for the lm_head and chained launches (DSPINE_DENSE_CUDA=auto, DSPINE_PDL unset) against cuBLAS
+  # everywhere and unchained launches (DSPINE_DENSE_CUDA=0 DSPINE_PDL=0), alternated, twice.
+  for rep in 1 2; do for form in defaults old; do
+    env=""; [ $form = old ] && env="DSPINE_DENSE_CUDA=0 DSPINE_PDL=0"
+    env $env timeout 90 python3 -m dspine_engine.cli.bench e2e --prompts $S/e2e_prompts.jsonl \
+      --max-new-tokens 256 --draft dspine=$drafter --spec-policy fixed --stop-at-eos \
+      --concurrency 32 8 1 --out $R --name defaultsab_${form}_$rep --quiet > $R/logs/defaultsab_${form}_$rep.log 2>&1
+    say "defaultsab $form $rep rc $?: $(grep -E 'c=' $R/logs/defaultsab_${form}_$rep.log | cut -c1-60 | tr '\n' ';')"
   done; done; pack;; esac
   case " $MEASURE " in *" segments "*)  # issue 12: the row-exact mode's segment size, 256 (default) vs 128
   for seg in 256 128; do
