@@ -32,6 +32,7 @@ from functools import partial
 
 import torch
 
+from cuda_dense_gemm import SHAPES as GEMM_SHAPES  # benchmarks/, this script's directory
 from dspine_engine import ops
 
 
@@ -78,12 +79,12 @@ def block_verify_case(batch: int, vocab: int, top_k: int, top_p: float):
     return lambda: ops.block_verify(logits, draft, cand_ids, cand_probs, temp, tk, tp, u)
 
 
-# Qwen3-8B's projections as (out, in): qkv (32 + 2 x 8 heads of 128), o.
-DENSE_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096)}
+# Qwen3-8B's qkv and o projections, (k, n) as cuda_dense_gemm.py times them.
+DENSE_SHAPES = {"qkv": GEMM_SHAPES["Qwen3-8B qkv"], "o": GEMM_SHAPES["Qwen3-8B o"]}
 
 
 def dense_case(shape: str, rows: int, ours: bool):
-    n, k = DENSE_SHAPES[shape]
+    k, n = DENSE_SHAPES[shape]
     gen = torch.Generator(device="cuda").manual_seed(rows)
     weight = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(torch.bfloat16)
     x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
