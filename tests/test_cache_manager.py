@@ -150,3 +150,25 @@ def test_plain_rounds_write_the_draft_context_lazily(tiny_llama, tmp_path):
     torch.testing.assert_close(_draft_context(eng, seq.seat, lazy),
                                _draft_context(ref, ref.scheduler.running[0].seat, lazy),
                                atol=1e-4, rtol=1e-3)
+
+
+def test_a_rollback_keeps_the_pages_the_next_block_writes():
+    """Rejected drafts roll back by the length alone: their pages stay with the sequence (the
+    next round's block writes them again), so a round takes a page only when its block crosses
+    into a new one, and the table mirror has nothing to flush after a rollback."""
+    spec = PagedKVSpec("target", 1, 1, 8)
+    cache = PagedCache(spec, num_pages=32, page_size=4, max_seats=2, max_pages=16,
+                       dtype=torch.float32, device=torch.device("cpu"), mirrored=True)
+    seat = np.array([0])
+    assert cache.reserve(0, 8)
+    cache.prepare_round(seat, np.array([0]), 16)  # positions 0..15: four pages
+    cache.flush()
+    held = cache._host[0, :4].tolist()
+    assert cache.live[0] == 4 and -1 not in held
+    cache.commit(seat, np.array([3]))  # two drafts accepted + the bonus
+    assert cache.live[0] == 4 and cache._host[0, :4].tolist() == held and not cache._deltas
+    cache.prepare_round(seat, np.array([3]), 16)  # positions 3..18: one more page
+    assert cache.live[0] == 5 and cache._host[0, :4].tolist() == held
+    assert list(cache._deltas) == [4]
+    cache.release(0)
+    assert cache.pool.available == cache.pool.num_pages == cache.pool.free_pages

@@ -116,16 +116,6 @@ class PagedCache:
         self.live[seat] += count
         self.num_entries[seat] = entries
 
-    def truncate(self, seats: np.ndarray, tokens: np.ndarray) -> None:
-        """Frees pages wholly beyond the first ``tokens`` positions (a rollback)."""
-        keep = -(-tokens // self.page_size)
-        for i in np.nonzero(keep < self.num_entries[seats])[0]:
-            seat, k = int(seats[i]), int(keep[i])
-            self._drop(seat, range(max(k, int(self.first_live[seat])),
-                                   int(self.num_entries[seat])))
-            self.num_entries[seat] = k
-            self.first_live[seat] = min(self.first_live[seat], k)
-
     def free_before(self, seats: np.ndarray, positions: np.ndarray) -> None:
         """Frees pages holding only positions < position (outside every future window)."""
         first = np.minimum(positions // self.page_size, self.num_entries[seats])
@@ -167,9 +157,10 @@ class PagedCache:
         self.ensure(seats, anchors + block, self.spec.first_needed(anchors))
 
     def commit(self, seats: np.ndarray, new_len: np.ndarray) -> None:
-        """Keeps positions < new_len: later ones (rejected drafts) roll back, and with a window
-        pages no future query can see are freed."""
-        self.truncate(seats, new_len)
+        """Positions < new_len are kept; later ones (rejected drafts) roll back by the length
+        alone: their pages stay, since the next round's block needs them again (they hold no
+        more than a block past new_len, the reservation covers them, and every position is
+        written before it is read). With a window, pages no future query can see are freed."""
         if self.spec.window:
             self.free_before(seats, self.spec.first_needed(new_len))
 
