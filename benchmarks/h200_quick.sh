@@ -76,13 +76,15 @@ export DSPINE_CUTLASS_INCLUDE=/root/site/cutlass_library/source/include
 CXX_LIB=$($(command -v c++ || echo g++) -print-file-name=libstdc++.so)
 # The Qwen3-8B-shaped round (random weights, no staged model) at batch 1 and 8 (ROUND_BATCHES), 1K
 # context (ROUND_CONTEXTS), kernel by kernel (step_table.py --kernels: the round, then its draft and verify graphs
-# alone, each with the time no kernel ran): round_word NAME DSPINE_DENSE_CUDA DSPINE_PDL.
+# alone, each with the time no kernel ran) and call by call (--timeline: host and device time to each
+# engine call's return, where the round's time outside the graphs goes): round_word NAME DSPINE_DENSE_CUDA DSPINE_PDL.
 round_word() {
   DSPINE_DENSE_CUDA=$2 DSPINE_PDL=$3 LD_PRELOAD=$CXX_LIB timeout 240 python3 benchmarks/step_table.py \
-    --batches ${ROUND_BATCHES:-1 8} --contexts ${ROUND_CONTEXTS:-1024} --iters 10 --kernels --out "$O/$1" > "$O/$1.log" 2>&1
+    --batches ${ROUND_BATCHES:-1 8} --contexts ${ROUND_CONTEXTS:-1024} --iters 10 --kernels --timeline --out "$O/$1" > "$O/$1.log" 2>&1
   say "$1 rc $?"; grep -E '^\| (batch|1|8|32) \|' "$O/$1.log" | cut -c1-150
   # each graph's replay against its weights' read floor, its idle share and its time by kind
   grep -E '^(Draft|Verify) graph alone' "$O/$1.log" | sed -E 's/; the [0-9]+ largest of .*//' 
+  grep -E '^(Round timeline|\| (scheduler|runner|end)[ .])' "$O/$1.log"
 }
 build() {  # the extension in place (ninja recompiles what changed), its log into $1
   DSPINE_CUDA_ARCHS=${ARCHS:-90a} MAX_JOBS=$(nproc) timeout 330 python3 setup.py build_ext --inplace > "$1" 2>&1

@@ -32,7 +32,7 @@ for a hybrid target, its recurrent state (the verify reads each layer's checkpoi
 reads and writes it again).
 
     python benchmarks/step_table.py [--target qwen3-8b|qwen3.8-27b] [--batches 1 8 32]
-                                    [--contexts 1024 8192] [--iters N] [--tiny] [--eager] [--kernels]
+                                    [--contexts 1024 8192] [--iters N] [--tiny] [--eager] [--kernels] [--timeline]
                                     [--out DIR]
 
 Writes DIR/step_table_<device>[_<target>].json (`_tiny` appended with --tiny) and prints a
@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (RESULTS, device_kernels, kernel_rows_markdown, markdown_table,  # noqa: E402
                     run_info, save_json)
 
+from dspine_engine import ops  # noqa: E402
 from dspine_engine.engine.cache_manager import CacheManager, PagedKVSpec  # noqa: E402
 from dspine_engine.engine.config import EngineConfig  # noqa: E402
 from dspine_engine.engine.cuda_graphs import graph_sizes  # noqa: E402
@@ -391,7 +392,7 @@ def measure_bandwidth(device) -> dict:
 # --------------------------------------------------------------------------------------------
 
 def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context: int,
-                 iters: int, warmup: int, kernels: bool = False) -> dict:
+                 iters: int, warmup: int, kernels: bool = False, timeline: bool = False) -> dict:
     dev = runner.device
     b = Batch(runner, scheduler, batch, context)
     timed = lambda fn, prep=None: time_ms(fn, dev, iters, warmup, prep)  # noqa: E731
@@ -417,6 +418,10 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
     stats = EngineStats(accepted_by_position=[0] * (runner.block - 1))
     row["round_ms"] = timed(lambda: speculative_round(runner, scheduler, b.seqs, stats),
                             b.place)
+    if timeline:  # host and device time per engine call (--timeline)
+        row["round_timeline"] = round_timeline(
+            runner, scheduler, lambda: speculative_round(runner, scheduler, b.seqs, stats),
+            iters, b.place)
     if kernels and dev.type == "cuda":  # the round's kernels, by name (--kernels)
         row["round_kernels"] = device_kernels(
             lambda: speculative_round(runner, scheduler, b.seqs, stats), iters, b.place)
@@ -425,6 +430,87 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
                 row[f"{kind}_kernels"] = device_kernels(replay, iters)
     b.clear()
     return row
+
+
+# The engine calls of one round, in order: (owner, method); "ops" is dspine_engine.ops, whose
+# block_verify `accept` calls before its copy back and sync.
+ROUND_CALLS = (("scheduler", "prepare_round"), ("runner", "prepare_round"), ("runner", "propose"),
+               ("runner", "verify"), ("ops", "block_verify"), ("runner", "accept"),
+               ("scheduler", "verified"))
+
+
+class HostEvent:
+    """A CUDA event's two calls on the host clock: on the CPU the device is the host."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        return (end.t - self.t) * 1e3
+
+    def synchronize(self) -> None:
+        pass
+
+
+def round_timeline(runner: ModelRunner, scheduler: Scheduler, round_fn, iters: int, prep) -> dict:
+    """Where a round's wall time goes between the host and the device (--timeline): each
+    engine call of `speculative_round` is wrapped to stamp the host clock and record a CUDA event
+    as it returns. Per call, medians of `iters` rounds (each from an idle device), in us:
+    ``host``: host time from the previous stamp to this call's return (graph launches return
+    before their graph ends; `accept` returns after its sync); ``device``: device time from the
+    previous event to this call's (the draft and verify graphs, then the block verify and its
+    copy back; an interval is the host's when the device had nothing queued). ``end`` covers the
+    rest of the round (the per-sequence bookkeeping)."""
+    owners = {"runner": runner, "scheduler": scheduler, "ops": ops}
+    cuda = runner.device.type == "cuda"
+    new_event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else HostEvent
+    marks: list = []
+
+    def stamped(inner, name):
+        def call(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            event = new_event()
+            event.record()
+            marks.append((name, time.perf_counter(), event))
+            return out
+        return call
+
+    originals = {(owner, method): getattr(owners[owner], method) for owner, method in ROUND_CALLS}
+    for (owner, method), inner in originals.items():
+        setattr(owners[owner], method, stamped(inner, f"{owner}.{method}"))
+    rounds = []
+    try:
+        for _ in range(iters):
+            prep()
+            sync(runner.device)
+            marks.clear()
+            start = new_event()
+            start.record()
+            marks.append(("start", time.perf_counter(), start))
+            round_fn()
+            end = new_event()
+            end.record()
+            marks.append(("end", time.perf_counter(), end))
+            end.synchronize()
+            rounds.append({name: ((t - marks[i][1]) * 1e6, marks[i][2].elapsed_time(e) * 1e3)
+                           for i, (name, t, e) in enumerate(marks[1:])})
+    finally:
+        for (owner, method), inner in originals.items():
+            if owner == "ops":
+                setattr(ops, method, inner)
+            else:
+                delattr(owners[owner], method)  # the instance falls back to its class's method
+    names = [name for name, _, _ in marks[1:]]
+    return {name: {"host_us": statistics.median(r[name][0] for r in rounds),
+                   "device_us": statistics.median(r[name][1] for r in rounds)} for name in names}
+
+
+def timeline_markdown(row: dict) -> str:
+    rows = row["round_timeline"]
+    head = (f"Round timeline at batch {row['batch']}, context {row['context']} (us from the "
+            "previous mark to each call's return; medians):\n\n| call | host | device |\n|---|---|---|\n")
+    return head + "".join(f"| {name} | {v['host_us']:.0f} | {v['device_us']:.0f} |\n"
+                          for name, v in rows.items())
 
 
 def graph_kernels_markdown(row: dict, kind: str, top: int = 15) -> str:
@@ -565,6 +651,10 @@ def parse_args(argv):
                         "its draft and verify graphs alone (torch.profiler; launches and us a "
                         "call, and each graph's time with no kernel running; printed after the "
                         "table)")
+    p.add_argument("--timeline", action="store_true",
+                   help="also time each engine call of the round on the host clock and "
+                        "with a CUDA event at its return (where the round's time outside the "
+                        "graphs goes; printed after the table)")
     p.add_argument("--attention", choices=("exact", "fast"), default=EngineConfig.attention,
                    help="the target's paged attention, as EngineConfig.attention (default: the "
                         "engine's, %(default)s; before 2026-12-05 this table always ran fast)")
@@ -617,7 +707,8 @@ def main(argv=None) -> int:
     graph_bytes = graph_read_bytes(runner.target, runner.draft)
     for batch, context in (bar := tqdm(configs, desc="step table", unit="cfg")):
         bar.set_postfix(batch=batch, context=context)
-        row = bench_config(runner, scheduler, batch, context, args.iters, args.warmup, args.kernels)
+        row = bench_config(runner, scheduler, batch, context, args.iters, args.warmup, args.kernels,
+                           args.timeline)
         kv = (kv_read_bytes(runner.target, runner.draft, batch, context)
               + recurrent_bytes(runner.target, batch))
         result["rows"].append(add_floors(row, weight_bytes, kv, ceilings["copy_GBps"], graph_bytes))
@@ -628,6 +719,8 @@ def main(argv=None) -> int:
     path = save_json(name, result, args.out)
     print(markdown(result))
     for row in result["rows"]:
+        if "round_timeline" in row:
+            print("\n" + timeline_markdown(row))
         if "round_kernels" in row:
             print(f"\nRound at batch {row['batch']}, context {row['context']}: "
                   + kernel_rows_markdown(row["round_kernels"], 25))

@@ -6,6 +6,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
@@ -33,7 +35,9 @@ def test_benchmark_modules_do_not_shadow_installed_modules():
 
 
 def test_step_table_tiny(tmp_path, capsys):
-    assert step_table.main(["--tiny", "--iters", "1", "--out", str(tmp_path)]) == 0
+    block_verify = step_table.ops.block_verify
+    assert step_table.main(["--tiny", "--iters", "1", "--timeline", "--out", str(tmp_path)]) == 0
+    assert step_table.ops.block_verify is block_verify  # the timeline's wrappers are gone
     (path,) = tmp_path.glob("step_table_*_tiny.json")
     result = json.loads(path.read_text())
     assert result["complete"] and result["tiny"]
@@ -49,10 +53,17 @@ def test_step_table_tiny(tmp_path, capsys):
         # each graph's weights: the verify's are the target's less its embedding, the draft's
         # its own and the lm_head; the round's floor counts the two models' weights once
         assert 0 < row["draft_floor_ms"] < row["verify_floor_ms"] < row["floor_ms"]
+        # --timeline: every engine call of the round, in order, then the rest; on the CPU the
+        # device clock is the host's, so the two columns agree
+        timeline = row["round_timeline"]
+        assert list(timeline) == [f"{o}.{m}" for o, m in step_table.ROUND_CALLS] + ["end"]
+        for call in timeline.values():
+            assert call["host_us"] > 0 and call["device_us"] == pytest.approx(call["host_us"], abs=50)
     # No relation between the timings is asserted: one iteration on a shared 2-core machine
     # swings by seconds (a round measured faster than its draft alone under load).
     table = capsys.readouterr().out
     assert "| batch | context |" in table and str(path) in table
+    assert "| runner.verify |" in table
 
 
 def test_step_table_graph_kernels_say_the_idle_time():
