@@ -84,7 +84,7 @@ round_word() {
   say "$1 rc $?"; grep -E '^\| (batch|1|8|32) \|' "$O/$1.log" | cut -c1-150
   # each graph's replay against its weights' read floor, its idle share and its time by kind
   grep -E '^(Draft|Verify) graph alone' "$O/$1.log" | sed -E 's/; the [0-9]+ largest of .*//' 
-  grep -E '^(Round timeline|\| (scheduler|runner|end)[ .])' "$O/$1.log"
+  grep -E '^(Round timeline|\| (scheduler|runner|ops|end)[ .])' "$O/$1.log"
 }
 build() {  # the extension in place (ninja recompiles what changed), its log into $1
   DSPINE_CUDA_ARCHS=${ARCHS:-90a} MAX_JOBS=$(nproc) timeout 330 python3 setup.py build_ext --inplace > "$1" 2>&1

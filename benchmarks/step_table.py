@@ -32,8 +32,8 @@ for a hybrid target, its recurrent state (the verify reads each layer's checkpoi
 reads and writes it again).
 
     python benchmarks/step_table.py [--target qwen3-8b|qwen3.8-27b] [--batches 1 8 32]
-                                    [--contexts 1024 8192] [--iters N] [--tiny] [--eager] [--kernels] [--timeline]
-                                    [--out DIR]
+                                    [--contexts 1024 8192] [--iters N] [--tiny] [--eager] [--kernels]
+                                    [--timeline] [--out DIR]
 
 Writes DIR/step_table_<device>[_<target>].json (`_tiny` appended with --tiny) and prints a
 markdown table.
