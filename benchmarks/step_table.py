@@ -329,6 +329,24 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+class HostEvent:
+    """A CUDA event's three calls on the host clock: on the CPU the device is the host."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        return (end.t - self.t) * 1e3
+
+    def synchronize(self) -> None:
+        pass
+
+
+def timing_event(device):
+    """A timing event on `device`'s clock: a CUDA event, or on the CPU the host clock."""
+    return torch.cuda.Event(enable_timing=True) if device.type == "cuda" else HostEvent()
+
+
 def time_ms(fn, device, iters: int, warmup: int, prep=None) -> float:
     """Median ms of `fn`, each run started from an idle device after `prep` (untimed)."""
     for _ in range(warmup):
@@ -340,17 +358,12 @@ def time_ms(fn, device, iters: int, warmup: int, prep=None) -> float:
         if prep:
             prep()
         sync(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        start, end = timing_event(device), timing_event(device)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
     return statistics.median(times)
 
 
@@ -439,19 +452,6 @@ ROUND_CALLS = (("scheduler", "prepare_round"), ("runner", "prepare_round"), ("ru
                ("scheduler", "verified"))
 
 
-class HostEvent:
-    """A CUDA event's two calls on the host clock: on the CPU the device is the host."""
-
-    def record(self) -> None:
-        self.t = time.perf_counter()
-
-    def elapsed_time(self, end: "HostEvent") -> float:
-        return (end.t - self.t) * 1e3
-
-    def synchronize(self) -> None:
-        pass
-
-
 def round_timeline(runner: ModelRunner, scheduler: Scheduler, round_fn, iters: int, prep) -> dict:
     """Where a round's wall time goes between the host and the device (--timeline): each
     engine call of `speculative_round` is wrapped to stamp the host clock and record a CUDA event
@@ -462,14 +462,12 @@ def round_timeline(runner: ModelRunner, scheduler: Scheduler, round_fn, iters: i
     copy back; an interval is the host's when the device had nothing queued). ``end`` covers the
     rest of the round (the per-sequence bookkeeping)."""
     owners = {"runner": runner, "scheduler": scheduler, "ops": ops}
-    cuda = runner.device.type == "cuda"
-    new_event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else HostEvent
     marks: list = []
 
     def stamped(inner, name):
         def call(*args, **kwargs):
             out = inner(*args, **kwargs)
-            event = new_event()
+            event = timing_event(runner.device)
             event.record()
             marks.append((name, time.perf_counter(), event))
             return out
@@ -484,11 +482,11 @@ def round_timeline(runner: ModelRunner, scheduler: Scheduler, round_fn, iters: i
             prep()
             sync(runner.device)
             marks.clear()
-            start = new_event()
+            start = timing_event(runner.device)
             start.record()
             marks.append(("start", time.perf_counter(), start))
             round_fn()
-            end = new_event()
+            end = timing_event(runner.device)
             end.record()
             marks.append(("end", time.perf_counter(), end))
             end.synchronize()
