@@ -55,8 +55,9 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (RESULTS, device_kernels, kernel_rows_markdown, markdown_table,  # noqa: E402
                     run_info, save_json)
+from round_timeline import (CallStamps, intervals, medians, timeline_markdown,  # noqa: E402
+                            timing_event)
 
-from dspine_engine import ops  # noqa: E402
 from dspine_engine.engine.cache_manager import CacheManager, PagedKVSpec  # noqa: E402
 from dspine_engine.engine.config import EngineConfig  # noqa: E402
 from dspine_engine.engine.cuda_graphs import graph_sizes  # noqa: E402
@@ -329,24 +330,6 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-class HostEvent:
-    """A CUDA event's three calls on the host clock: on the CPU the device is the host."""
-
-    def record(self) -> None:
-        self.t = time.perf_counter()
-
-    def elapsed_time(self, end: "HostEvent") -> float:
-        return (end.t - self.t) * 1e3
-
-    def synchronize(self) -> None:
-        pass
-
-
-def timing_event(device):
-    """A timing event on `device`'s clock: a CUDA event, or on the CPU the host clock."""
-    return torch.cuda.Event(enable_timing=True) if device.type == "cuda" else HostEvent()
-
-
 def time_ms(fn, device, iters: int, warmup: int, prep=None) -> float:
     """Median ms of `fn`, each run started from an idle device after `prep` (untimed)."""
     for _ in range(warmup):
@@ -445,70 +428,21 @@ def bench_config(runner: ModelRunner, scheduler: Scheduler, batch: int, context:
     return row
 
 
-# The engine calls of one round, in order: (owner, method); "ops" is dspine_engine.ops, whose
-# block_verify `accept` calls before its copy back and sync.
-ROUND_CALLS = (("scheduler", "prepare_round"), ("runner", "prepare_round"), ("runner", "propose"),
-               ("runner", "verify"), ("ops", "block_verify"), ("runner", "accept"),
-               ("scheduler", "verified"))
-
-
 def round_timeline(runner: ModelRunner, scheduler: Scheduler, round_fn, iters: int, prep) -> dict:
-    """Where a round's wall time goes between the host and the device (--timeline): each
-    engine call of `speculative_round` is wrapped to stamp the host clock and record a CUDA event
-    as it returns. Per call, medians of `iters` rounds (each from an idle device), in us:
-    ``host``: host time from the previous stamp to this call's return (graph launches return
-    before their graph ends; `accept` returns after its sync); ``device``: device time from the
-    previous event to this call's (the draft and verify graphs, then the block verify and its
-    copy back; an interval is the host's when the device had nothing queued). ``end`` covers the
-    rest of the round (the per-sequence bookkeeping)."""
-    owners = {"runner": runner, "scheduler": scheduler, "ops": ops}
-    marks: list = []
-
-    def stamped(inner, name):
-        def call(*args, **kwargs):
-            out = inner(*args, **kwargs)
-            event = timing_event(runner.device)
-            event.record()
-            marks.append((name, time.perf_counter(), event))
-            return out
-        return call
-
-    originals = {(owner, method): getattr(owners[owner], method) for owner, method in ROUND_CALLS}
-    for (owner, method), inner in originals.items():
-        setattr(owners[owner], method, stamped(inner, f"{owner}.{method}"))
+    """Where a round's wall time goes between the host and the device (--timeline,
+    round_timeline.py): medians per engine call of `iters` rounds, each from an idle device.
+    ``end`` covers the rest of the round (the per-sequence bookkeeping)."""
     rounds = []
-    try:
+    with CallStamps(runner, scheduler) as stamps:
         for _ in range(iters):
             prep()
             sync(runner.device)
-            marks.clear()
-            start = timing_event(runner.device)
-            start.record()
-            marks.append(("start", time.perf_counter(), start))
+            stamps.marks.clear()
+            stamps.mark("start")
             round_fn()
-            end = timing_event(runner.device)
-            end.record()
-            marks.append(("end", time.perf_counter(), end))
-            end.synchronize()
-            rounds.append({name: ((t - marks[i][1]) * 1e6, marks[i][2].elapsed_time(e) * 1e3)
-                           for i, (name, t, e) in enumerate(marks[1:])})
-    finally:
-        for (owner, method), inner in originals.items():
-            if owner == "ops":
-                setattr(ops, method, inner)
-            else:
-                delattr(owners[owner], method)  # the instance falls back to its class's method
-    names = [name for name, _, _ in marks[1:]]
-    return {name: {"host_us": statistics.median(r[name][0] for r in rounds),
-                   "device_us": statistics.median(r[name][1] for r in rounds)} for name in names}
-
-
-def timeline_markdown(row: dict) -> str:
-    rows = row["round_timeline"]
-    head = (f"Round timeline at batch {row['batch']}, context {row['context']} (us from the "
-            "previous mark to each call's return; medians):\n\n| call | host | device |\n|---|---|---|\n")
-    return head + "".join(f"| {name} | {v['host_us']:.0f} | {v['device_us']:.0f} |\n"
-                          for name, v in rows.items())
+            stamps.mark("end")
+            rounds.append(intervals(stamps.marks))
+    return medians(rounds)
 
 
 def graph_kernels_markdown(row: dict, kind: str, top: int = 15) -> str:
@@ -718,7 +652,8 @@ def main(argv=None) -> int:
     print(markdown(result))
     for row in result["rows"]:
         if "round_timeline" in row:
-            print("\n" + timeline_markdown(row))
+            print("\n" + timeline_markdown(f"Round timeline at batch {row['batch']}, context "
+                                            f"{row['context']}", row["round_timeline"]))
         if "round_kernels" in row:
             print(f"\nRound at batch {row['batch']}, context {row['context']}: "
                   + kernel_rows_markdown(row["round_kernels"], 25))

@@ -13,6 +13,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import common  # noqa: E402
 import cpu_attention  # noqa: E402
+import round_timeline  # noqa: E402
 import step_table  # noqa: E402
 import tp_bench  # noqa: E402
 from random_drafts import write_tiny_random_draft  # noqa: E402
@@ -35,9 +36,9 @@ def test_benchmark_modules_do_not_shadow_installed_modules():
 
 
 def test_step_table_tiny(tmp_path, capsys):
-    block_verify = step_table.ops.block_verify
+    block_verify = round_timeline.ops.block_verify
     assert step_table.main(["--tiny", "--iters", "1", "--timeline", "--out", str(tmp_path)]) == 0
-    assert step_table.ops.block_verify is block_verify  # the timeline's wrappers are gone
+    assert round_timeline.ops.block_verify is block_verify  # the timeline's wrappers are gone
     (path,) = tmp_path.glob("step_table_*_tiny.json")
     result = json.loads(path.read_text())
     assert result["complete"] and result["tiny"]
@@ -56,7 +57,7 @@ def test_step_table_tiny(tmp_path, capsys):
         # --timeline: every engine call of the round, in order, then the rest; on the CPU the
         # device clock is the host's, so the two columns agree
         timeline = row["round_timeline"]
-        assert list(timeline) == [f"{o}.{m}" for o, m in step_table.ROUND_CALLS] + ["end"]
+        assert list(timeline) == [f"{o}.{m}" for o, m in round_timeline.ROUND_CALLS] + ["end"]
         for call in timeline.values():
             assert call["host_us"] > 0 and call["device_us"] == pytest.approx(call["host_us"], abs=50)
     # No relation between the timings is asserted: one iteration on a shared 2-core machine
@@ -163,6 +164,34 @@ def test_train_vs_engine_tau_on_a_tiny_target(tiny_llama, tmp_path):
     assert result["records"] == 4 and result["engine"]["responses_identical_to_data"] == "4/4"
     for side in ("trainer", "engine"):
         assert 1.0 <= result[side]["tau"] <= 16.0
+
+
+def test_engine_timeline_on_a_tiny_target(tiny_llama, tmp_path, capsys):
+    """benchmarks/engine_timeline.py on the CPU: an engine's rounds back to back, each call of
+    the round in the table (the draft's only in the DSpine rows), the whole batch's tokens
+    counted, and the engine's methods its own again afterwards."""
+    import engine_timeline
+    from dspine_engine import ops
+
+    block_verify = ops.block_verify
+    write_tiny_random_draft(tmp_path / "draft", seed=3)
+    assert engine_timeline.main(["--device", "cpu", "--concurrency", "1", "2", "--max-new-tokens",
+                                 "12", "--skip", "1", "--target", str(tiny_llama), "--draft",
+                                 str(tmp_path / "draft"), "--out", str(tmp_path)]) == 0
+    assert ops.block_verify is block_verify
+    rows = json.loads((tmp_path / "engine_timeline_cpu.json").read_text())["rows"]
+    assert [(r["engine"], r["batch"]) for r in rows] == [("dspine", 1), ("dspine", 2), ("ar", 1),
+                                                         ("ar", 2)]
+    for row in rows:
+        calls = [f"{o}.{m}" for o, m in round_timeline.ROUND_CALLS
+                 if row["engine"] == "dspine" or m != "propose"]
+        assert list(row["calls"]) == calls + ["end"], row["calls"]
+        assert row["rounds"] > 0 and row["tokens_per_second"] > 0
+        # the forwards and the block verify are part of the round, not all of it
+        assert 0 < row["device_busy_us"] < row["round_us"] and row["device_waits_us"] > 0
+        assert (row["tokens_per_round"] >= 1.0 if row["engine"] == "dspine"
+                else row["tokens_per_round"] == 1.0)
+    assert "| runner.accept |" in capsys.readouterr().out
 
 
 def test_host_overhead_data_mode(tmp_path, capsys):
