@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from dspine_engine import Engine, SamplingParams
-from dspine_engine.engine.cache_manager import PagedCache, PagedKVSpec
+from dspine_engine.engine import cache_manager
+from dspine_engine.engine.cache_manager import PAGES_AHEAD, PagedCache, PagedKVSpec
 from random_drafts import write_tiny_random_draft
 from test_spec_policy_lossless import write_linear_profile
 
@@ -77,10 +78,12 @@ def test_device_mirror_follows_the_host_tables():
     assert (cache.tables[3] == 0).all()  # the padding seat reads page 0
 
 
-def test_a_prompts_pages_leave_the_pool_as_an_ascending_run():
+def test_a_prompts_pages_leave_the_pool_as_an_ascending_run(monkeypatch):
     """The Hopper attention kernel loads a 128-key tile by TMA only when its pages are
     consecutive, so a prompt's pages, taken together, must come out of the pool as one ascending
-    run: from a fresh pool, and again after sequences released theirs (in any order)."""
+    run: from a fresh pool, and again after sequences released theirs (in any order). (The pool's
+    order, with exactly the pages each prompt needs: the pages taken ahead continue the same run.)"""
+    monkeypatch.setattr(cache_manager, "PAGES_AHEAD", 0)
     spec = PagedKVSpec("target", 1, 1, 8)
     cache = PagedCache(spec, num_pages=64, page_size=4, max_seats=3, max_pages=16,
                        dtype=torch.float32, device=torch.device("cpu"))
@@ -154,21 +157,29 @@ def test_plain_rounds_write_the_draft_context_lazily(tiny_llama, tmp_path):
 
 def test_a_rollback_keeps_the_pages_the_next_block_writes():
     """Rejected drafts roll back by the length alone: their pages stay with the sequence (the
-    next round's block writes them again), so a round takes a page only when its block crosses
-    into a new one, and the table mirror has nothing to flush after a rollback."""
+    next round's block writes them again). A block crossing into a new page takes PAGES_AHEAD
+    more with it while the reservation has room, so the rounds after take none and the table
+    mirror has nothing to flush; the reservation caps what is taken ahead."""
     spec = PagedKVSpec("target", 1, 1, 8)
     cache = PagedCache(spec, num_pages=32, page_size=4, max_seats=2, max_pages=16,
                        dtype=torch.float32, device=torch.device("cpu"), mirrored=True)
     seat = np.array([0])
-    assert cache.reserve(0, 8)
-    cache.prepare_round(seat, np.array([0]), 16)  # positions 0..15: four pages
+    assert cache.reserve(0, 16) and PAGES_AHEAD < 8
+    cache.prepare_round(seat, np.array([0]), 16)  # positions 0..15: four pages, and more ahead
     cache.flush()
-    held = cache._host[0, :4].tolist()
-    assert cache.live[0] == 4 and -1 not in held
+    held = cache._host[0, :4 + PAGES_AHEAD].tolist()
+    assert cache.live[0] == 4 + PAGES_AHEAD and -1 not in held
     cache.commit(seat, np.array([3]))  # two drafts accepted + the bonus
-    assert cache.live[0] == 4 and cache._host[0, :4].tolist() == held and not cache._deltas
-    cache.prepare_round(seat, np.array([3]), 16)  # positions 3..18: one more page
-    assert cache.live[0] == 5 and cache._host[0, :4].tolist() == held
-    assert list(cache._deltas) == [4]
+    assert cache.live[0] == 4 + PAGES_AHEAD and not cache._deltas
+    cache.prepare_round(seat, np.array([3]), 16)  # positions 3..18: a fifth page, held already
+    assert cache.live[0] == 4 + PAGES_AHEAD and not cache._deltas
+    assert cache._host[0, :4 + PAGES_AHEAD].tolist() == held
+    anchor = 4 * (4 + PAGES_AHEAD) - 15  # the first block that needs one more page
+    cache.prepare_round(seat, np.array([anchor]), 16)
+    assert cache.live[0] == 5 + 2 * PAGES_AHEAD and cache._host[0, :4 + PAGES_AHEAD].tolist() == held
+    assert list(cache._deltas) == list(range(4 + PAGES_AHEAD, 5 + 2 * PAGES_AHEAD))
+    cache.flush()
+    cache.prepare_round(seat, np.array([4 * 16 - 16]), 16)  # the last page: capped at 16 taken
+    assert cache.live[0] == cache.num_entries[0] == 16
     cache.release(0)
     assert cache.pool.available == cache.pool.num_pages == cache.pool.free_pages
