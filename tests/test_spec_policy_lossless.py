@@ -4,6 +4,7 @@ mixed lengths, batched and at batch 1, under a cost profile that makes the polic
 decoding, short and long verify blocks in the same run. And the verify-cost profile is measured
 once, cached, and measured again on request (tiny target, fast)."""
 import json
+from collections import Counter
 
 import pytest
 
@@ -42,14 +43,22 @@ def test_greedy_lossless_with_dynamic_verification(smollm2_dir, smollm2_engine, 
                  spec_cost_profile=str(write_linear_profile(tmp_path / "p.json", 0.2)))
     batched = eng.generate(prompts, params)
     assert [r.token_ids for r in batched] == reference
-    one_by_one = [eng.generate(p, params)[0].token_ids for p in prompts[::3]]
-    assert one_by_one == reference[::3]
+    singles = [eng.generate(p, params)[0] for p in prompts[::3]]
+    assert [r.token_ids for r in singles] == reference[::3]
     lengths = eng.stats.verify_lengths
     # Not vacuous: plain rounds, and at least two different drafted lengths, all from buckets.
     assert lengths.get(0, 0) > 0 and len([k for k in lengths if k > 0]) >= 2, lengths
     assert set(lengths) <= {0, 1, 3, 7, 15}
     assert all(sum(r.stats.verify_lengths.values()) == r.stats.rounds for r in batched)
     assert any(r.stats.path().startswith("mixed") for r in batched)
+    # Each request's tally (its rounds by outcome) adds up to the engine's counts of the batch.
+    runs = [r.stats for r in batched + singles]
+    assert [sum(c) for c in zip(*(s.accepted_by_position for s in runs))] == \
+        eng.stats.accepted_by_position
+    assert [sum(c) for c in zip(*(s.verified_by_position for s in runs))] == \
+        eng.stats.verified_by_position
+    assert sum((Counter(s.verify_lengths) for s in runs), Counter()) == Counter(lengths)
+    assert sum(s.accepted_drafts for s in runs) == eng.stats.accepted_drafts
     for kv in (eng.target_kv, eng.draft_kv):
         assert kv.pool.available == kv.pool.num_pages
 

@@ -462,7 +462,8 @@ class Engine:
         params.max_tokens = min(params.max_tokens, room)
         detok = (IncrementalDetokenizer(self.tokenizer, params.stop) if params.detokenize
                  else None)
-        seq = Sequence(request_id or self._new_id(), prompt, ids, params, detok, self.eos_ids)
+        seq = Sequence(request_id or self._new_id(), prompt, ids, params, detok, self.eos_ids,
+                       draft_positions=self.block - 1)
         return self._driver.add(seq, step_api, queue_outputs)
 
     def encode_prompt(self, prompt, chat: bool | None = None) -> list[int]:

@@ -10,13 +10,45 @@ class RequestStats:
     new_tokens: int = 0
     rounds: int = 0  # target forwards after the prefill (decode steps or speculative rounds)
     accepted_drafts: int = 0  # draft tokens accepted over all rounds
-    accepted_by_position: list[int] = field(default_factory=list)  # j -> rounds accepting d_j
     drafted_rounds: int = 0  # rounds that verified at least one draft
-    verified_by_position: list[int] = field(default_factory=list)  # j -> blocks holding d_j
-    verify_lengths: dict[int, int] = field(default_factory=dict)  # drafts verified -> rounds
     time_to_first_token: float = 0.0  # seconds from admission to the first new token
     elapsed: float = 0.0  # seconds from admission to the end
     seed: int | None = None
+    positions: int = 0  # the engine's draft positions (block - 1); 0 without a draft
+    # Rounds by outcome, (drafts verified, drafts accepted) -> rounds. A round adds to one entry
+    # (`count_round`); the per-position counts and the verify lengths are read from these, so the
+    # engine's per-round work for a request does not loop over the block's positions.
+    outcomes: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def count_round(self, drafts: int, accepted: int) -> None:
+        """One round of this request that verified ``drafts`` drafts and accepted ``accepted``."""
+        self.rounds += 1
+        self.accepted_drafts += accepted
+        if drafts:
+            self.drafted_rounds += 1
+        key = (drafts, accepted)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+    @property
+    def accepted_by_position(self) -> list[int]:
+        """j -> rounds accepting d_j ([] without a draft)."""
+        return [sum(n for (_, a), n in self.outcomes.items() if a > j)
+                for j in range(self.positions)]
+
+    @property
+    def verified_by_position(self) -> list[int]:
+        """j -> rounds whose verified block held d_j ([] without a draft)."""
+        return [sum(n for (d, _), n in self.outcomes.items() if d > j)
+                for j in range(self.positions)]
+
+    @property
+    def verify_lengths(self) -> dict[int, int]:
+        """Drafts verified -> rounds ({} without a draft)."""
+        out: dict[int, int] = {}
+        if self.positions:
+            for (d, _), n in self.outcomes.items():
+                out[d] = out.get(d, 0) + n
+        return out
 
     @property
     def tokens_per_second(self) -> float:
@@ -38,8 +70,11 @@ class RequestStats:
         return acceptance_rates(self.accepted_by_position, self.verified_by_position)
 
     def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items()}
-        d.update(tokens_per_second=self.tokens_per_second, tau=self.tau)
+        d = {k: v for k, v in self.__dict__.items() if k not in ("outcomes", "positions")}
+        d.update(accepted_by_position=self.accepted_by_position,
+                 verified_by_position=self.verified_by_position,
+                 verify_lengths=self.verify_lengths, tokens_per_second=self.tokens_per_second,
+                 tau=self.tau)
         return d
 
 

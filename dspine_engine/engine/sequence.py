@@ -20,7 +20,7 @@ class Sequence:
     manager, under the sequence's ``seat`` (set while it is admitted)."""
 
     def __init__(self, request_id: str, prompt, prompt_ids: list[int], params: SamplingParams,
-                 detok: IncrementalDetokenizer | None, eos_ids: set[int]):
+                 detok: IncrementalDetokenizer | None, eos_ids: set[int], draft_positions: int = 0):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_ids = prompt_ids
@@ -33,7 +33,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.seat: int | None = None
-        self.stats = RequestStats(prompt_tokens=len(prompt_ids), seed=self.rng.seed)
+        self.stats = RequestStats(prompt_tokens=len(prompt_ids), seed=self.rng.seed,
+                                  positions=draft_positions)
         self.t_admitted = time.perf_counter()
 
     @property

@@ -49,25 +49,9 @@ def _verify_group(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence
     accepted, rows = accept.tolist(), out.tolist()
     new_tokens = {}
     for seq, n, row in zip(seqs, accepted, rows):
-        _record(seq.stats, n, tokens, len(stats.accepted_by_position))
+        seq.stats.count_round(tokens - 1, n)
         new_tokens[seq.request_id] = seq.commit(row[:n + 1])
     return new_tokens
-
-
-def _record(s, accepted: int, tokens: int, positions: int) -> None:
-    s.rounds += 1
-    s.accepted_drafts += accepted
-    if positions:  # a drafted engine: how many drafts this round verified
-        s.verify_lengths[tokens - 1] = s.verify_lengths.get(tokens - 1, 0) + 1
-        if not s.accepted_by_position:
-            s.accepted_by_position = [0] * positions
-            s.verified_by_position = [0] * positions
-    if tokens > 1:
-        s.drafted_rounds += 1
-        for j in range(accepted):
-            s.accepted_by_position[j] += 1
-        for j in range(tokens - 1):
-            s.verified_by_position[j] += 1
 
 
 def _record_batch(stats, accept: np.ndarray, tokens: int) -> None:
