@@ -81,8 +81,8 @@ def test_device_mirror_follows_the_host_tables():
 def test_a_prompts_pages_leave_the_pool_as_an_ascending_run(monkeypatch):
     """The Hopper attention kernel loads a 128-key tile by TMA only when its pages are
     consecutive, so a prompt's pages, taken together, must come out of the pool as one ascending
-    run: from a fresh pool, and again after sequences released theirs (in any order). (The pool's
-    order, with exactly the pages each prompt needs: the pages taken ahead continue the same run.)"""
+    run: from a fresh pool, and again after sequences released theirs (in any order). (The
+    pool's order, with exactly the pages each prompt needs: pages taken ahead extend the run.)"""
     monkeypatch.setattr(cache_manager, "PAGES_AHEAD", 0)
     spec = PagedKVSpec("target", 1, 1, 8)
     cache = PagedCache(spec, num_pages=64, page_size=4, max_seats=3, max_pages=16,
@@ -176,7 +176,8 @@ def test_a_rollback_keeps_the_pages_the_next_block_writes():
     assert cache._host[0, :4 + PAGES_AHEAD].tolist() == held
     anchor = 4 * (4 + PAGES_AHEAD) - 15  # the first block that needs one more page
     cache.prepare_round(seat, np.array([anchor]), 16)
-    assert cache.live[0] == 5 + 2 * PAGES_AHEAD and cache._host[0, :4 + PAGES_AHEAD].tolist() == held
+    assert cache.live[0] == 5 + 2 * PAGES_AHEAD
+    assert cache._host[0, :4 + PAGES_AHEAD].tolist() == held
     assert list(cache._deltas) == list(range(4 + PAGES_AHEAD, 5 + 2 * PAGES_AHEAD))
     cache.flush()
     cache.prepare_round(seat, np.array([4 * 16 - 16]), 16)  # the last page: capped at 16 taken
