@@ -46,7 +46,6 @@ import math
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
