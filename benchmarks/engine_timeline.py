@@ -9,10 +9,12 @@ round_timeline.py), the round's wall time, the device's busy time in it (the dra
 graphs, the block verify and the copy back: the device intervals of `runner.propose`,
 `runner.verify` and `ops.block_verify`) and the rest, where the device waited on the host;
 tokens a round (tau) and tokens/s while timed. The first ``--skip`` rounds (warm-up) are left
-out; prefill steps are not rounds.
+out; prefill steps are not rounds. ``--overlap on off`` runs each engine both ways (overlapped
+rounds, driver.py): a step then launches a round and reads the one before it back, so its wall
+time is a round's and its device intervals mix two rounds (read the round and tokens/s).
 
     python benchmarks/engine_timeline.py [--device cuda] [--concurrency 1 8] [--engines dspine ar]
-        [--max-new-tokens 128] [--target PATH --draft PATH] [--out DIR]
+        [--overlap off] [--max-new-tokens 128] [--target PATH --draft PATH] [--out DIR]
 
 Writes DIR/engine_timeline_<device>.json and prints one table per engine and concurrency.
 """
@@ -32,13 +34,13 @@ from round_timeline import CallStamps, intervals, medians, timeline_markdown  # 
 GRAPH_CALLS = ("runner.propose", "runner.verify", "ops.block_verify")  # the device's work
 
 
-def build_engine(name: str, args, batch: int):
+def build_engine(name: str, args, batch: int, overlap: str):
     from dspine_engine import Engine
 
     draft = None if name == "ar" else args.draft
     extra = {"spec_policy": "fixed"} if draft is not None else {}
     return Engine(args.target, draft=draft, device=args.device, progress=False,
-                  max_num_seqs=batch, **extra)
+                  max_num_seqs=batch, overlap=overlap, **extra)
 
 
 def timed_rounds(engine, prompts: list[str], batch: int, max_new: int, skip: int) -> dict:
@@ -90,6 +92,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--engines", nargs="+", choices=("dspine", "ar"), default=["dspine", "ar"])
+    p.add_argument("--overlap", nargs="+", choices=("on", "off"), default=["off"],
+                   help="overlapped rounds: each engine once per value")
     p.add_argument("--max-new-tokens", type=int, default=128, help="every answer's length")
     p.add_argument("--skip", type=int, default=3, help="warm-up rounds left out")
     p.add_argument("--target", default=None, help="the target (default: the default model)")
@@ -102,16 +106,20 @@ def main(argv=None) -> int:
     prompts = mtbench_prompts()
     rows = []
     for name in args.engines:
-        engine = build_engine(name, args, max(args.concurrency))
-        for batch in args.concurrency:
-            row = dict(timed_rounds(engine, prompts, batch, args.max_new_tokens, args.skip),
-                       engine=name)
-            rows.append(row)
-            print("\n" + row_markdown(name, row), flush=True)
+        for overlap in args.overlap:
+            engine = build_engine(name, args, max(args.concurrency), overlap)
+            label = f"{name} (overlapped)" if overlap == "on" else name
+            for batch in args.concurrency:
+                row = dict(timed_rounds(engine, prompts, batch, args.max_new_tokens, args.skip),
+                           engine=name, overlap=overlap)
+                rows.append(row)
+                print("\n" + row_markdown(label, row), flush=True)
+            device = engine.device.type
+            del engine
     info = run_info(args.device)
     info.update(max_new_tokens=args.max_new_tokens, target=args.target or "default",
                 draft=args.draft)
-    path = save_json(f"engine_timeline_{engine.device.type}", {"info": info, "rows": rows},
+    path = save_json(f"engine_timeline_{device}", {"info": info, "rows": rows},
                      Path(args.out))
     print(f"\nwrote {path}")
     return 0

@@ -3,9 +3,9 @@
 Each engine call of a round (`ROUND_CALLS`) is wrapped to stamp the host clock and record a
 timing event (a CUDA event; on the CPU the host clock, where the device is the host) as it
 returns. From two consecutive marks: ``host`` is the host time to this call's return (a graph
-launch returns before its graph ends; `accept` returns after its sync) and ``device`` the
-device time between the two events (the draft and verify graphs, then the block verify and its
-copy back; an interval is the host's when the device had nothing queued).
+launch returns before its graph ends; `read_back` returns after the round's sync) and ``device``
+the device time between the two events (the draft and verify graphs, then the block verify and
+its copy back; an interval is the host's when the device had nothing queued).
 
 `step_table.py --timeline` times rounds one at a time from an idle device;
 `engine_timeline.py` times an engine's rounds back to back, as they run on real prompts. A mark
@@ -21,10 +21,10 @@ import torch
 from dspine_engine import ops
 
 # The engine calls of one round, in order: (owner, method); "ops" is dspine_engine.ops, whose
-# block_verify `accept` calls before its copy back and sync.
+# block_verify `accept_later` calls before it queues the copy back (`read_back` waits for it).
 ROUND_CALLS = (("scheduler", "prepare_round"), ("runner", "prepare_round"), ("runner", "propose"),
-               ("runner", "verify"), ("ops", "block_verify"), ("runner", "accept"),
-               ("scheduler", "verified"))
+               ("runner", "verify"), ("ops", "block_verify"), ("runner", "accept_later"),
+               ("runner", "read_back"), ("scheduler", "verified"))
 
 
 class HostEvent:

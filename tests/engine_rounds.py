@@ -31,6 +31,7 @@ def running_after_rounds(engine, prompts, rounds: int, max_tokens: int = 96):
         assert not engine.scheduler.waiting, "requests still wait for admission"
         for _ in range(rounds):
             engine.step()
+        engine._driver.settle()  # overlapped rounds: the host's state is the device's again
         yield list(engine.scheduler.running)
     finally:
         for rid in ids:

@@ -191,7 +191,15 @@ def test_engine_timeline_on_a_tiny_target(tiny_llama, tmp_path, capsys):
         assert 0 < row["device_busy_us"] < row["round_us"] and row["device_waits_us"] > 0
         assert (row["tokens_per_round"] >= 1.0 if row["engine"] == "dspine"
                 else row["tokens_per_round"] == 1.0)
-    assert "| runner.accept |" in capsys.readouterr().out
+    assert "| runner.read_back |" in capsys.readouterr().out
+    # Overlapped rounds: a step launches one round and reads the one before it back.
+    assert engine_timeline.main(["--device", "cpu", "--concurrency", "2", "--engines", "dspine",
+                                 "--overlap", "on", "--max-new-tokens", "12", "--skip", "1",
+                                 "--target", str(tiny_llama), "--draft", str(tmp_path / "draft"),
+                                 "--out", str(tmp_path)]) == 0
+    [row] = json.loads((tmp_path / "engine_timeline_cpu.json").read_text())["rows"]
+    assert row["overlap"] == "on" and row["rounds"] > 0 and row["tokens_per_round"] >= 1.0
+    assert "dspine (overlapped), concurrency 2" in capsys.readouterr().out
 
 
 def test_host_overhead_data_mode(tmp_path, capsys):

@@ -25,9 +25,11 @@ def P(prompt):  # noqa: N802
                           seed=PROMPTS.index(prompt) if prompt in PROMPTS else 99)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    return Engine(tiny_llama, progress=False, max_num_seqs=8)
+@pytest.fixture(scope="module", params=["off", "on"], ids=["in-step", "overlapped"])
+def engine(tiny_llama, request):
+    """Every test runs with rounds in step and overlapped (a round in flight while the host
+    routes the last one's outputs: driver.py)."""
+    return Engine(tiny_llama, progress=False, max_num_seqs=8, overlap=request.param)
 
 
 @pytest.fixture(scope="module")

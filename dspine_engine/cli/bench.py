@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..lossless import compare_with_ties, describe
 from .generate import (_positive_int, add_attention_argument, add_kv_cache_argument,
-                       add_parallel_argument, format_lengths)
+                       add_overlap_argument, add_parallel_argument, format_lengths)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="correct the verify-cost profile online from the rounds' observed times "
                         "(auto policy) instead of planning from it as measured")
     add_attention_argument(e)
+    add_overlap_argument(e)
     return p
 
 
@@ -187,6 +188,7 @@ def cmd_e2e(args) -> dict:
                         spec_policy=policy, num_speculative_tokens=args.num_speculative_tokens,
                         reprofile=args.reprofile and path is not None,
                         spec_calibration=args.spec_calibration, attention=args.attention,
+                        overlap=args.overlap,
                         tensor_parallel_size=args.tensor_parallel_size,
                         kv_cache_dtype=args.kv_cache_dtype)
         prompt_ids = [engine.encode_prompt(p) for p in prompts]  # for the tie check of differences

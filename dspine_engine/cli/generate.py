@@ -46,7 +46,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_spec_arguments(p: argparse.ArgumentParser) -> None:
     """--spec-policy, --num-speculative-tokens, --reprofile, --spec-calibration,
-    --draft-block, --attention (generate, serve)."""
+    --draft-block, --attention, --overlap (generate, serve)."""
     p.add_argument("--spec-policy", choices=("auto", "fixed"), default="auto",
                    help="how many drafts a round verifies: 'auto' (default) chooses per round "
                         "and request, 0 (plain decoding) up to --num-speculative-tokens, from "
@@ -68,6 +68,7 @@ def add_spec_arguments(p: argparse.ArgumentParser) -> None:
                         "the drafts the round verifies only (proposals change a little, output "
                         "never), 'auto' (default) verified on the CPU, full on CUDA")
     add_attention_argument(p)
+    add_overlap_argument(p)
 
 
 def add_attention_argument(p: argparse.ArgumentParser) -> None:
@@ -78,6 +79,16 @@ def add_attention_argument(p: argparse.ArgumentParser) -> None:
                         "token for token and no output depends on the batch; 'fast' lets the "
                         "kernels split by shape (greedy outputs may then part at near-ties). "
                         "The CPU is exact either way")
+
+
+def add_overlap_argument(p: argparse.ArgumentParser) -> None:
+    """--overlap (generate, serve, bench e2e)."""
+    p.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
+                   help="launch each round before the host has read the last one back, so the "
+                        "host's bookkeeping and text run while the GPU computes: 'auto' "
+                        "(default) on CUDA with --spec-policy fixed or --no-draft, 'on' asks for "
+                        "it anywhere (an error where it cannot apply), 'off' never. Outputs do "
+                        "not depend on it")
 
 
 def add_kv_cache_argument(p: argparse.ArgumentParser) -> None:
@@ -111,7 +122,7 @@ def spec_settings(args) -> dict:
     """The Engine keywords of the verification flags."""
     return dict(spec_policy=args.spec_policy, num_speculative_tokens=args.num_speculative_tokens,
                 reprofile=args.reprofile, spec_calibration=args.spec_calibration,
-                draft_block=args.draft_block, attention=args.attention)
+                draft_block=args.draft_block, attention=args.attention, overlap=args.overlap)
 
 
 def build_parser() -> argparse.ArgumentParser:

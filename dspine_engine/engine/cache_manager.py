@@ -184,12 +184,17 @@ class PagedCache:
         return pages * self.page_size + positions % self.page_size
 
     def flush(self) -> None:
-        """Brings the device mirror of the block tables up to date (one copy + one scatter)."""
+        """Brings the device mirror of the block tables up to date (one copy + one scatter),
+        queued behind the device's work: from pinned memory, so the host does not wait for the
+        device (an overlapped round may still run; it read the entries before this)."""
         if not self._deltas:
             return
-        d = torch.tensor([list(self._deltas), list(self._deltas.values())], dtype=torch.int64)
+        cuda = self.tables.device.type == "cuda"
+        d = torch.empty(2, len(self._deltas), dtype=torch.int64, pin_memory=cuda)
+        d[0] = torch.as_tensor(list(self._deltas), dtype=torch.int64)
+        d[1] = torch.as_tensor(list(self._deltas.values()), dtype=torch.int64)
         self._deltas.clear()
-        dev = d.to(self.tables.device)
+        dev = d.to(self.tables.device, non_blocking=True)
         self._flat[dev[0]] = dev[1].to(torch.int32)
 
 
@@ -197,11 +202,14 @@ class CacheManager:
     def __init__(self, target: PagedKVSpec, draft: PagedKVSpec | None, num_pages: int,
                  page_size: int, max_seats: int, max_position: int, block: int,
                  dtype: torch.dtype, device: torch.device,
-                 recurrent: RecurrentCache | None = None):
+                 recurrent: RecurrentCache | None = None, ahead: int = 0):
         """``recurrent``: a hybrid target's recurrent-state cache (a slot per running sequence,
-        taken at admission like the pages)."""
-        max_pages = pages_for(max_position, page_size)
+        taken at admission like the pages). ``ahead``: positions the device's lengths may run
+        ahead of the host's (overlapped rounds: a block), covered by every round's pages and
+        every reservation."""
+        max_pages = pages_for(max_position, page_size)  # a live row never reaches past it
         self.block = block
+        self.reach = block + ahead  # positions past the host's anchor a round may touch
         self.page_size = page_size
         self.max_seats = max_seats
         self.padding_seat = max_seats
@@ -224,17 +232,17 @@ class CacheManager:
     def check_fits(self, seq) -> None:
         """Raises KVCacheFullError if the request could never be admitted."""
         for c in self.caches:
-            need = c.spec.pages_to_reserve(self._max_tokens(seq), self.block, self.page_size)
+            need = c.spec.pages_to_reserve(self._max_tokens(seq), self.reach, self.page_size)
             if need > c.pool.num_pages:
                 raise KVCacheFullError(
                     f"request needs {need} {c.spec.name} KV pages ({need * self.page_size} "
                     f"tokens: prompt {len(seq.prompt_ids)} + max_tokens {seq.params.max_tokens} "
-                    f"+ block {self.block}) but the pool holds {c.pool.num_pages}; lower "
-                    f"max_tokens or raise kv_cache_tokens")
+                    f"+ {self.reach} tokens a round may reach past them) but the pool holds "
+                    f"{c.pool.num_pages}; lower max_tokens or raise kv_cache_tokens")
 
     def admit(self, seq) -> bool:
         """Reserves the request's worst case in every cache and a seat; False if it must wait."""
-        needs = [c.spec.pages_to_reserve(self._max_tokens(seq), self.block, self.page_size)
+        needs = [c.spec.pages_to_reserve(self._max_tokens(seq), self.reach, self.page_size)
                  for c in self.caches]
         if not self._free_seats or any(c.pool.available < n for c, n in zip(self.caches, needs)):
             return False
@@ -283,11 +291,12 @@ class CacheManager:
         self.pending[seats] = 0
 
     def prepare_round(self, seqs) -> np.ndarray:
-        """Pages for one block per sequence at its anchor, in every cache. Returns the seats."""
+        """Pages for one block per sequence at its anchor (and as far ahead as the device may
+        be), in every cache. Returns the seats."""
         seats = self.seats_of(seqs)
         anchors = self.kv_len[seats]
         for c in self.caches:
-            c.prepare_round(seats, anchors, self.block)
+            c.prepare_round(seats, anchors, self.reach)
         self.flush()
         return seats
 

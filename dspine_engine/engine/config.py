@@ -23,6 +23,7 @@ _OPTIONAL_POSITIVE_INTS = ("kv_cache_tokens", "max_model_len", "cpu_threads")
 DRAFT_BLOCKS = ("auto", "full", "verified")
 ATTENTION_MODES = ("exact", "fast")
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32")
+OVERLAP_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -78,6 +79,13 @@ class EngineConfig:
     # count at start-up). Torch's small ops between them run on one thread during the
     # engine's steps (engine/cpu_threads.py says why). Outputs never depend on it.
     cpu_threads: int | None = None
+    # Overlapped rounds (driver.py): the next round is launched before the host reads the last
+    # one back, so the host's bookkeeping, text and outputs run while the device computes.
+    # "auto" overlaps on CUDA where it applies (the fixed policy drafting every round, or no
+    # draft; an attention-only target; one rank), "on" wherever it applies (the CPU too, where
+    # it gains nothing: for tests) and refuses a setting it cannot apply to, "off" never.
+    # Outputs are the same either way.
+    overlap: str = "auto"
 
     # Derived from the models by derive(); not arguments.
     block_size: int = field(default=1, init=False)  # tokens a round verifies per sequence
@@ -124,6 +132,9 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                              f"{self.kv_cache_dtype!r}")
+        if self.overlap not in OVERLAP_MODES:
+            raise ValueError(f"overlap must be one of {', '.join(OVERLAP_MODES)}, got "
+                             f"{self.overlap!r}")
         if self.spec_policy not in POLICIES:
             raise ValueError(f"spec_policy must be one of {', '.join(POLICIES)}, got "
                              f"{self.spec_policy!r}")
@@ -178,6 +189,26 @@ class EngineConfig:
                              "cuda_graphs=False with it (graphs capture the whole block)")
         return self.draft_block == "verified" or (self.draft_block == "auto"
                                                    and device.type == "cpu")
+
+    def overlapped(self, device, hybrid: bool, has_draft: bool, distributed: bool) -> bool:
+        """Whether rounds overlap (``overlap`` resolved). They need every round's width known
+        before the last round is read back, and the round's whole state on the device: the
+        fixed policy drafting every round (or no draft), no recurrent state (its replay is
+        the host's), one rank. "on" with anything else is refused, naming it."""
+        if self.overlap == "off":
+            return False
+        why = None
+        if has_draft and self.spec_policy != "fixed":
+            why = "spec_policy='auto' plans each round from the last one's acceptance"
+        elif has_draft and self.verify_widths == [1]:
+            why = "a draft verifying no drafts catches its context up on the host"
+        elif hybrid:
+            why = "a hybrid target's recurrent state is replayed from the host"
+        elif distributed:
+            why = "tensor-parallel rounds are driven by the host, rank by rank"
+        if why is not None and self.overlap == "on":
+            raise ValueError(f"overlap='on' cannot apply: {why}; use overlap='auto' or 'off'")
+        return why is None and (self.overlap == "on" or device.type == "cuda")
 
     @property
     def max_position(self) -> int:

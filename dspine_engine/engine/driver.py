@@ -4,6 +4,13 @@ A step is one prefill batch or one decode/speculative round over the running req
 output a step produces is routed to its request's `RequestHandle`, whoever asked for the step:
 `generate()`, `stream()`, a handle's iterator, an async server task or a step-API caller. Steps
 are serialised by a lock, so threads or tasks may drive the engine concurrently.
+
+Overlapped rounds (``overlap``; EngineConfig.overlap): a round step launches the next round
+before it finishes the one in flight, so the host's work on a round's results (lengths, stops,
+text, outputs) runs while the device computes the next round, from the state the device keeps
+per seat (seat_state.py). A step then delivers the previous round's tokens; a prefill step
+leaves the round in flight as it is (stream order keeps the device's work apart), and the
+last round in flight is finished when nothing is left to launch.
 """
 from __future__ import annotations
 
@@ -16,8 +23,8 @@ from .handles import RequestHandle
 from .outputs import RequestOutput
 from .cache_manager import CacheManager
 from .scheduler import Scheduler
-from .sequence import Sequence
-from .speculative import speculative_round
+from .sequence import Sequence, Status
+from .speculative import LaunchedRound, finish_round, launch_round, speculative_round
 
 log = logging.getLogger("dspine_engine")
 
@@ -29,8 +36,11 @@ class EngineDeadError(RuntimeError):
 
 
 class LoopDriver:
-    def __init__(self, scheduler: Scheduler, runner, stats, has_draft: bool, policy=None):
+    def __init__(self, scheduler: Scheduler, runner, stats, has_draft: bool, policy=None,
+                 overlap: bool = False):
         self.scheduler = scheduler
+        self.overlap = overlap
+        self._flight: LaunchedRound | None = None  # the overlapped round not yet finished
         self.runner = runner
         self.policy = policy  # how many drafts each round verifies (spec_policy.py)
         self.stats = stats  # EngineStats, totals over the engine's life
@@ -83,6 +93,12 @@ class LoopDriver:
         """Requests to run, or step-API outputs not yet returned by `step_api_outputs`."""
         return self.scheduler.has_work() or bool(self._news)
 
+    def settle(self) -> None:
+        """Finishes the round in flight, if any (its outputs go to their requests): afterwards
+        the host's state is the device's, as between two rounds without overlap."""
+        with self._lock:
+            self._step_guarded(self._finish_flight, None, self._flight_seqs)
+
     # ------------------------------------------------------------------ driving
     def advance(self, blocking: bool = True) -> bool:
         """Runs one step if there is work. Returns False when it ran nothing (no work, or another
@@ -130,31 +146,70 @@ class LoopDriver:
 
     # ------------------------------------------------------------------ one step
     def _step(self) -> bool:
-        t0 = time.perf_counter()
         admitted = self.scheduler.admit()
-        batch = admitted or list(self.scheduler.running)
-        if not batch:
-            return False
+        if admitted:  # a failed prefill fails its own requests (a round in flight goes on)
+            return self._step_guarded(lambda: self._prefill(admitted), admitted,
+                                      lambda: admitted)
+        batch = list(self.scheduler.running)
+        if not batch:  # what is in flight belongs to ended requests: finish it, emit nothing
+            return self._step_guarded(self._finish_flight, None, self._flight_seqs)
+        if self.overlap:
+            return self._step_guarded(lambda: self._overlapped_round(batch), None,
+                                      lambda: batch + self._flight_seqs())
+        return self._step_guarded(lambda: speculative_round(self.runner, self.scheduler, batch,
+                                                            self.stats, self.policy),
+                                  batch, lambda: batch)
+
+    def _step_guarded(self, work, emitted: list[Sequence] | None, failing) -> bool:
+        """Runs one step's ``work`` (returning {request id: new tokens}, or None when there was
+        nothing to do), then routes the tokens to ``emitted`` (None: the requests that got
+        tokens). If the work fails, ``failing()`` requests end with the error, not the engine
+        (a round in flight among them is dropped); a dead engine fails them all and raises."""
+        t0 = time.perf_counter()
         try:
             with self.runner.threads():
-                new_tokens = (self._prefill(admitted) if admitted
-                              else speculative_round(self.runner, self.scheduler, batch,
-                                                     self.stats, self.policy))
+                new_tokens = work()
         except EngineDeadError as e:
+            self._flight = None
             log.error("engine stopped: %s", e)
             self._fail_all(f"{type(e).__name__}: {e}")
             raise
         except Exception as e:  # a failed batch must not take the engine down
             log.exception("step failed")
-            for s in batch:
-                self.scheduler.finish(s, "error", error=f"{type(e).__name__}: {e}")
-                self._deliver(self._finished_output(s, ""))
+            failed = failing()
+            if self._flight is not None and not set(self._flight.seqs).isdisjoint(failed):
+                self._flight = None
+            for s in failed:
+                if s.status is not Status.FINISHED:
+                    self.scheduler.finish(s, "error", error=f"{type(e).__name__}: {e}")
+                    self._deliver(self._finished_output(s, ""))
             return True
+        if new_tokens is None:
+            return False
         self.stats.busy_seconds += time.perf_counter() - t0
         self.stats.new_tokens += sum(map(len, new_tokens.values()))
-        for seq in batch:
+        seqs = emitted if emitted is not None else [self._seqs[r] for r in new_tokens]
+        for seq in seqs:
             self._emit(seq, new_tokens.get(seq.request_id, []))
         return True
+
+    def _overlapped_round(self, batch: list[Sequence]) -> dict[str, list[int]]:
+        """Launches the batch's round, then finishes the one before it."""
+        tokens = self.policy.width if self.policy is not None else self.runner.block
+        launched = launch_round(self.runner, self.scheduler, batch, tokens)
+        done = self._finish_flight() or {}
+        self._flight = launched
+        return done
+
+    def _finish_flight(self) -> dict[str, list[int]] | None:
+        """The round in flight's new tokens (None when there is none)."""
+        flight, self._flight = self._flight, None
+        if flight is None:
+            return None
+        return finish_round(self.runner, flight, self.scheduler, self.stats, self.policy)
+
+    def _flight_seqs(self) -> list[Sequence]:
+        return list(self._flight.seqs) if self._flight is not None else []
 
     def _fail_all(self, error: str) -> None:
         """Ends every unfinished request (running or waiting) with ``error``."""

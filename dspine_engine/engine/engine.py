@@ -148,7 +148,7 @@ class Engine:
                  reprofile=_DEFAULT, spec_calibration=_DEFAULT, spec_min_gain=_DEFAULT,
                  tensor_parallel_size=_DEFAULT, cpu_threads=_DEFAULT,
                  draft_block=_DEFAULT, attention=_DEFAULT, kv_cache_dtype=_DEFAULT,
-                 progress: bool = True,
+                 overlap=_DEFAULT, progress: bool = True,
                  config: EngineConfig | None = None):
         """Loads the target (a model directory, a .gguf file, or None / "default" for
         SmolLM2-135M-Instruct) and an optional draft directory ("default" for the shipped one).
@@ -187,7 +187,12 @@ class Engine:
         `close()` (or ``with Engine(...)``, or the interpreter's exit) stops the workers.
         ``cpu_threads`` (CPU only) runs the engine's kernels on that many threads (default:
         ``DSPINE_CPU_THREADS``, else torch's thread count); torch's own small ops run on one
-        thread during the engine's steps (cpu_threads.py). Every
+        thread during the engine's steps (cpu_threads.py).
+        ``overlap`` "auto" (default) launches each round before the host reads the last one
+        back on CUDA, so the host's bookkeeping and text run while the device computes (the
+        fixed policy or no draft, an attention-only target, one rank; `Engine.overlap` says
+        whether it applies); "on" asks for it anywhere (refused where it cannot apply), "off"
+        never. Outputs do not depend on it. Every
         value, and the tensor-parallel layout, is checked before anything loads or starts
         (ValueError naming it)."""
         from ..models.default_model import gguf_source, resolve_model_path
@@ -201,7 +206,7 @@ class Engine:
             reprofile=reprofile, spec_calibration=spec_calibration, spec_min_gain=spec_min_gain,
             tensor_parallel_size=tensor_parallel_size,
             cpu_threads=cpu_threads, draft_block=draft_block, attention=attention,
-            kv_cache_dtype=kv_cache_dtype).items()
+            kv_cache_dtype=kv_cache_dtype, overlap=overlap).items()
             if v is not _DEFAULT}
         self.config = EngineConfig.from_kwargs(config, **given)
         self.device = resolve_device(device)
@@ -244,6 +249,8 @@ class Engine:
             self.target = self._workers.drive(self.target)
         self.eos_ids = self.tokenizer.eos_token_ids | set(cfg.eos_token_ids)
         c = self.config
+        self.overlap = c.overlapped(self.device, cfg.num_kv_layers != cfg.num_layers,
+                                    self.draft is not None, self._workers is not None)
         self.cache = self._build_cache_manager()
         if self._workers is not None:
             self._workers.setup(c.max_position, self.cache.target.pool.num_pages, c.page_size,
@@ -256,12 +263,14 @@ class Engine:
         self.runner = ModelRunner(self.target, self.draft, self.cache,
                                   max_batch=max([c.max_num_seqs] + sizes), threads=threads,
                                   verified_draft_blocks=c.verified_draft_blocks(self.device,
-                                                                                use_graphs))
+                                                                                use_graphs),
+                                  overlap=self.overlap)
         if use_graphs:
             self._capture_graphs(sizes, progress)
         self.policy = build_policy(c, self.runner, self._identity(), progress)
         self._driver = LoopDriver(self.scheduler, self.runner, EngineStats(),
-                                  has_draft=self.draft is not None, policy=self.policy)
+                                  has_draft=self.draft is not None, policy=self.policy,
+                                  overlap=self.overlap)
         self.reset_stats()
         self._ids = itertools.count()
 
@@ -380,9 +389,10 @@ class Engine:
             draft = PagedKVSpec("draft", d.num_layers, d.num_kv_heads, d.head_dim,
                                 window=c.draft_window)
         kv_tokens = c.kv_cache_tokens or self._default_kv_tokens(c.page_size)
+        # Overlapped rounds: the device's lengths may lead the host's by a block.
         return CacheManager(target, draft, max(1, kv_tokens // c.page_size), c.page_size,
                             c.max_num_seqs, c.max_position, c.block_size, self.kv_dtype,
-                            self.device, recurrent)
+                            self.device, recurrent, ahead=c.block_size if self.overlap else 0)
 
     def _build_recurrent_cache(self) -> RecurrentCache | None:
         """Hybrid targets: a recurrent-state slot for each of max_num_seqs sequences; on a GPU
@@ -491,7 +501,9 @@ class Engine:
         """Runs one prefill batch or one decode/speculative round, and returns the news of the
         step-API requests (`add_request`): one merged output per request that changed since
         the last `step()`, also through steps that `generate()` or a stream drove. Outputs of
-        `submit`/`stream`/`generate` requests go to their own consumers."""
+        `submit`/`stream`/`generate` requests go to their own consumers. With overlapped rounds
+        (`overlap`) a round step launches the next round and returns the previous one's
+        tokens, so a request's tokens come one step later than without."""
         self._driver.advance()
         return self._driver.step_api_outputs()
 

@@ -5,9 +5,11 @@ Per round the host writes only per-sequence scalars (seat, anchor position, pend
 rows, anchor token, sampling parameters) and the uniforms of sampled rows, through numpy views
 of the staging buffers; everything per token (positions, slots, block tables, lengths) is
 derived on the device from these and the cache manager's table mirrors (runner.py), inside the
-captured graphs. The staging buffers are rewritten once per step, after the previous step's
-host sync, so an asynchronous copy never reads a buffer the host is changing. On the CPU the
-staging buffers are the device buffers.
+captured graphs. On CUDA there are two sets of staging buffers, used in turn (`flip`): with
+overlapped rounds the host stages round k+1 while round k's upload may still be queued, but
+round k-1's (from the other set) is done, since the host has read round k-1's results, which
+come after it on the stream; so an asynchronous copy never reads a buffer the host is
+changing. On the CPU the staging buffers are the device buffers.
 """
 from __future__ import annotations
 
@@ -23,25 +25,21 @@ class RoundInputs:
         cuda = device.type == "cuda"
         n_int = len(_INT_FIELDS) * cap
         n_float = 2 * cap + cap * walk + cap * block
-        self._host_i32 = torch.zeros(n_int, dtype=torch.int32, pin_memory=cuda)
-        self._host_f32 = torch.zeros(n_float, dtype=torch.float32, pin_memory=cuda)
-        self._dev_i32 = self._host_i32.to(device) if cuda else self._host_i32
-        self._dev_f32 = self._host_f32.to(device) if cuda else self._host_f32
-        hi, hf = self._host_i32.numpy(), self._host_f32.numpy()
-        # Host views (numpy, for the per-round writes) and device views (for the forwards).
-        self.host = {}
-        self.dev = {}
-        for k, name in enumerate(_INT_FIELDS):
-            self.host[name] = hi[k * cap:(k + 1) * cap]
-            self.dev[name] = self._dev_i32[k * cap:(k + 1) * cap]
+        staging = [(torch.zeros(n_int, dtype=torch.int32, pin_memory=cuda),
+                    torch.zeros(n_float, dtype=torch.float32, pin_memory=cuda))
+                   for _ in range(2 if cuda else 1)]
+        self._dev_i32 = staging[0][0].to(device) if cuda else staging[0][0]
+        self._dev_f32 = staging[0][1].to(device) if cuda else staging[0][1]
         spans = {"temps": (0, cap), "top_p": (cap, 2 * cap),
                  "walk_u": (2 * cap, 2 * cap + cap * walk),
                  "verify_u": (2 * cap + cap * walk, n_float)}
         shapes = {"temps": (cap,), "top_p": (cap,), "walk_u": (cap, walk),
                   "verify_u": (cap, block)}
-        for name, (a, b) in spans.items():
-            self.host[name] = hf[a:b].reshape(shapes[name])
-            self.dev[name] = self._dev_f32[a:b].view(shapes[name])
+        # Host views (numpy, for the per-round writes) and device views (for the forwards).
+        self._sets = [(i32, f32, self._views(i32.numpy(), f32.numpy(), spans, shapes))
+                      for i32, f32 in staging]
+        self._host_i32, self._host_f32, self.host = self._sets[0]
+        self.dev = self._views(self._dev_i32, self._dev_f32, spans, shapes)
         # Fixed for the engine's life: query row offsets and in-block offsets.
         self.cu_q = torch.arange(0, cap * block + 1, block, dtype=torch.int32, device=device)
         self.offsets = torch.arange(block, dtype=torch.int32, device=device)
@@ -52,6 +50,21 @@ class RoundInputs:
         k = top_k if walk else 1
         self.cand_ids = torch.zeros(cap, walk, k, dtype=torch.long, device=device)
         self.cand_probs = torch.zeros(cap, walk, k, dtype=torch.float32, device=device)
+
+    def _views(self, i32, f32, spans: dict, shapes: dict) -> dict:
+        cap, views = self.capacity, {}
+        for k, name in enumerate(_INT_FIELDS):
+            views[name] = i32[k * cap:(k + 1) * cap]
+        for name, (a, b) in spans.items():
+            views[name] = f32[a:b].reshape(shapes[name])  # a view (numpy and torch alike)
+        return views
+
+    def flip(self) -> None:
+        """Stages the next round in the other set of host buffers (CUDA; see the module's
+        note). Every round's staging starts here."""
+        if len(self._sets) > 1:
+            self._sets.reverse()
+            self._host_i32, self._host_f32, self.host = self._sets[0]
 
     def upload(self) -> None:
         """One copy per region (a no-op on the CPU, where host and device buffers coincide)."""

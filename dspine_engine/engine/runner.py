@@ -23,6 +23,7 @@ from ..models.target import TargetModel
 from .cache_manager import CacheManager, PagedCache
 from .cpu_threads import CpuThreads, scope
 from .round_inputs import RoundInputs
+from .seat_state import SeatState
 from .sequence import Sequence
 
 
@@ -60,7 +61,7 @@ class RoundIndex:
 class ModelRunner:
     def __init__(self, target: TargetModel, draft: DSpineDraft | None, cache: CacheManager,
                  max_batch: int, threads: CpuThreads | None = None,
-                 verified_draft_blocks: bool = False):
+                 verified_draft_blocks: bool = False, overlap: bool = False):
         self.target, self.draft, self.cache = target, draft, cache
         # Eager draft forwards over the anchor and the drafts the round verifies only, not the
         # whole block (EngineConfig.draft_block; a CUDA graph always runs the whole block).
@@ -82,6 +83,11 @@ class ModelRunner:
         self._taps = (torch.zeros(seats, self.block, self.tap_dim, dtype=target.dtype,
                                   device=self.device) if draft is not None else None)
         self.graphs = None  # a GraphSet once capture_graphs ran
+        # Overlapped rounds (driver.py): the rounds' positions, anchors and pending rows live on
+        # the device (seat_state.py), and the host's lengths may trail them by one round.
+        self.seat_state = (SeatState(seats, cache.padding_seat, self.device) if overlap
+                           else None)
+        self._readback = _Readback(max_batch, self.block, self.device)
         self._ix = RoundIndex(self.inputs)
         # Query offsets per verify width (a round may verify fewer than B tokens: spec_policy).
         self._cu_q = {w: torch.arange(0, max_batch * w + 1, w, dtype=torch.int32,
@@ -130,6 +136,7 @@ class ModelRunner:
         """Each prompt's first token from its last-position logits (the verifier with a block
         of one token is the sampler). Host sync."""
         b, inp = len(seqs), self.inputs
+        inp.flip()
         self._stage_sampling(seqs, seats, b, b, width=1)
         inp.upload()
         d = inp.dev
@@ -138,6 +145,10 @@ class ModelRunner:
                                   d["top_p"][:b], d["verify_u"][:b, :1].contiguous())
         first = out[:, 0].cpu().numpy()
         self._anchors[seats] = first
+        if self.seat_state is not None:
+            lens = np.fromiter((len(s.prompt_ids) for s in seqs), np.int64, b)
+            ends = lens + np.fromiter((s.params.max_tokens for s in seqs), np.int64, b) - 1
+            self.seat_state.prefilled(seats, lens, ends, out[:, 0])
         return first
 
     def ingest_prompt_context(self, seqs: list[Sequence], seats: np.ndarray, taps) -> None:
@@ -167,17 +178,22 @@ class ModelRunner:
         self._use_graph = self.graphs is not None and self.graphs.fits(b)
         n = self.graphs.padded(b) if self._use_graph else b
         base = self.cache.kv_len[seats]
+        self.inputs.flip()
         h = self.inputs.host
         h["seats"][:b] = seats
-        h["base"][:b] = base
-        h["pending"][:b] = self.cache.pending[seats]
-        h["anchors"][:b] = self._anchors[seats]
+        if self.seat_state is None:
+            h["base"][:b] = base
+            h["pending"][:b] = self.cache.pending[seats]
+            h["anchors"][:b] = self._anchors[seats]
         self._stage_sampling(seqs, seats, b, n, width=2 * self.block - 1)
         self.inputs.fill_rows(b, n, self.cache.padding_seat)
         self.inputs.upload()
+        if self.seat_state is not None:
+            self.seat_state.stage(self.inputs.dev, n)
+        # The host's lengths trail the device's by up to a round with a seat state.
+        reach = int(base.max()) + self.block * (2 if self.seat_state is not None else 1)
         full = self.cache.target.max_pages
-        self._width = full if self._use_graph else -(-int(base.max() + self.block)
-                                                      // self.cache.page_size)
+        self._width = full if self._use_graph else min(full, -(-reach // self.cache.page_size))
         self._b, self._n = b, n
 
     def padding_round(self, b: int, tokens: int) -> None:
@@ -201,6 +217,7 @@ class ModelRunner:
     def stage_padding(self, b: int, tokens: int) -> None:
         """Prepares a round of ``b`` padding rows at ``tokens`` verified per row."""
         self._tokens = tokens
+        self.inputs.flip()
         # A width the engine never verifies has no graph (fixed policy: the full block only);
         # its padding round runs eagerly rather than failing (round_profile.py times them all).
         self._use_graph = (self.graphs is not None and self.graphs.fits(b)
@@ -269,17 +286,28 @@ class ModelRunner:
     def accept(self) -> tuple[np.ndarray, np.ndarray]:
         """Block verify of the round: accepted draft counts [b] and tokens [b, B] (accepted
         drafts, the bonus, then -1), on the host. The round's one host sync."""
+        return self.read_back(self.accept_later())
+
+    @staticmethod
+    def read_back(result: "RoundResult") -> tuple[np.ndarray, np.ndarray]:
+        """Waits for a round's results on the host (the round's one host sync)."""
+        return result.get()
+
+    def accept_later(self) -> "RoundResult":
+        """Queues the round's block verify (and, with a seat state, the seats' advance) and the
+        copy of its results to the host; the returned result waits for them when read. The
+        host's anchors follow only without a seat state (then the result is read at once)."""
         b, inp, d, t = self._b, self.inputs, self.inputs.dev, self._tokens
         accept, out = ops.block_verify(self._logits[:b], inp.drafts[:b, :t - 1].contiguous(),
                                        inp.cand_ids[:b, :t - 1].contiguous(),
                                        inp.cand_probs[:b, :t - 1].contiguous(),
                                        d["temps"][:b], d["top_k"][:b], d["top_p"][:b],
                                        d["verify_u"][:b, :t].contiguous())
-        both = torch.cat([accept.long()[:, None], out], 1).cpu().numpy()  # SYNC
-        accept, out = both[:, 0], both[:, 1:]
-        seats = self.inputs.host["seats"][:b]
-        self._anchors[seats] = out[np.arange(b), accept]
-        return accept, out
+        if self.seat_state is not None:
+            self.seat_state.advance(d, b, accept, out)
+        both = torch.cat([accept.long()[:, None], out], 1)
+        seats = None if self.seat_state is not None else self.inputs.host["seats"][:b].copy()
+        return RoundResult(self._readback.start(both), seats, self._anchors)
 
     # ----------------------------------------------------------------- forward bodies
     # Both read only persistent buffers; `n` rows (a graph's size, or the batch), tables
@@ -341,7 +369,10 @@ class ModelRunner:
     def _pending_rows(self) -> int:
         """Context rows per sequence an eager draft forward needs: the most any sequence of
         the staged round has pending (at least one row; the rest of a block of rows would be
-        padding that only costs projections, ~a sixth of a block row each)."""
+        padding that only costs projections, ~a sixth of a block row each). With a seat state
+        the host does not know them: a block."""
+        if self.seat_state is not None:
+            return self.block
         return max(1, int(self.inputs.host["pending"][:self._n].max(initial=0)))
 
     def _pending_context(self, n: int, width: int, tokens: int | None = None,
@@ -424,3 +455,48 @@ class ModelRunner:
     @property
     def draft_kv(self):
         return self.cache.draft.kv if self.cache.draft is not None else None
+
+
+class _Readback:
+    """Pinned host buffers the rounds' results are copied into, used in turn: a round's copy
+    is read (its event waited on) before the round after next is launched into its buffer."""
+
+    def __init__(self, capacity: int, block: int, device: torch.device):
+        cuda = device.type == "cuda"
+        # Flat, so a round's [b, 1 + w] is a contiguous view (an asynchronous copy into a
+        # strided view would go through an unpinned temporary).
+        self._buffers = [torch.zeros(capacity * (block + 1), dtype=torch.long, pin_memory=cuda)
+                         for _ in range(2 if cuda else 1)]
+        self._events = [torch.cuda.Event() if cuda else None for _ in self._buffers]
+        self._turn = 0
+
+    def start(self, both: torch.Tensor):
+        """Queues the copy of ``both`` [b, 1 + w]; returns (host view, event or None)."""
+        if self._events[0] is None:
+            return both.numpy(), None
+        self._turn ^= len(self._buffers) - 1
+        b, w = both.shape
+        host = self._buffers[self._turn][:b * w].view(b, w)
+        host.copy_(both, non_blocking=True)
+        event = self._events[self._turn]
+        event.record()
+        return host.numpy(), event
+
+
+class RoundResult:
+    """A round's accepted counts and tokens, on the host once `get` returns."""
+
+    def __init__(self, started, seats: np.ndarray | None, anchors: np.ndarray):
+        (self._host, self._event), self._seats, self._anchors = started, seats, anchors
+
+    def get(self) -> tuple[np.ndarray, np.ndarray]:
+        """Waits for the copy (the host sync of a round); accepted [b] and tokens [b, w]."""
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        both = self._host.copy()  # the buffer is reused two rounds on
+        accept, out = both[:, 0], both[:, 1:]
+        if self._seats is not None:  # the host's anchors (no seat state)
+            self._anchors[self._seats] = out[np.arange(len(accept)), accept]
+            self._seats = None
+        return accept, out

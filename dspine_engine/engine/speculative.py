@@ -4,45 +4,77 @@ Without a draft the same round is plain autoregressive decoding (a block of one 
 draft, the verification policy (spec_policy.py) splits the batch into at most two groups, each
 verifying its own number of tokens per sequence (1 = a plain decode step, which keeps its
 position's draft context pending: runner.catch_up_context); each group is one round of its own.
-The only host sync of a group's round is reading the accepted lengths and tokens back (in
-`runner.accept`): the host needs them to decide each sequence's next positions and stops.
+
+A round is launched (`launch_round`: pages, staging, the forwards and the block verify queued
+on the device) and then finished (`finish_round`: the accepted lengths and tokens read back,
+the host's lengths, stops and statistics). The read-back is the round's only host sync: the
+host needs the results to decide each sequence's next positions and stops. The driver either
+finishes a round at once (`speculative_round`) or, with overlapped rounds, launches the next
+round first and finishes this one while the device runs it (driver.py); a sequence that ended
+in between (a stop, an abort) is then skipped.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from .runner import ModelRunner
+from .runner import ModelRunner, RoundResult
 from .scheduler import Scheduler
-from .sequence import Sequence
+from .sequence import Sequence, Status
+
+
+@dataclass
+class LaunchedRound:
+    """A round on the device whose results the host has not read yet."""
+
+    seqs: list[Sequence]
+    seats: np.ndarray
+    tokens: int  # verified per sequence
+    context_written: bool
+    result: RoundResult
+    started: float  # host clock at staging
 
 
 def speculative_round(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence],
                       stats, policy=None) -> dict[str, list[int]]:
+    """Launches and finishes the round of every group of the policy's plan."""
     groups = policy.plan(seqs) if policy is not None else [(runner.block, seqs)]
     new_tokens = {}
     for tokens, group in groups:
-        new_tokens.update(_verify_group(runner, scheduler, group, tokens, stats, policy))
+        launched = launch_round(runner, scheduler, group, tokens)
+        new_tokens.update(finish_round(runner, launched, scheduler, stats, policy))
     return new_tokens
 
 
-def _verify_group(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence], tokens: int,
-                  stats, policy) -> dict[str, list[int]]:
+def launch_round(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence],
+                 tokens: int) -> LaunchedRound:
     seats = scheduler.prepare_round(seqs)
     # The round's wall time, staging to the accepted lengths on the host, is what the cost
     # profile predicts: the policy calibrates it (host timestamps, no extra device sync).
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     runner.prepare_round(seqs, seats, tokens)
-    drafted, context_written = tokens > 1, True
-    if drafted:
+    context_written = True
+    if tokens > 1:
         runner.propose()
     elif runner.draft is not None:
         context_written = runner.catch_up_context()
     runner.verify()
-    accept, out = runner.accept()
-    seconds = time.perf_counter() - t0
-    scheduler.verified(seats, accept, context_written)
+    return LaunchedRound(seqs, seats, tokens, context_written, runner.accept_later(), started)
+
+
+def finish_round(runner: ModelRunner, launched: LaunchedRound, scheduler: Scheduler, stats,
+                 policy=None) -> dict[str, list[int]]:
+    """Reads the round's results back and commits them for the sequences still running."""
+    accept, out = runner.read_back(launched.result)
+    seconds = time.perf_counter() - launched.started
+    seqs, seats, tokens = launched.seqs, launched.seats, launched.tokens
+    running = [s.status is Status.RUNNING for s in seqs]
+    if not all(running):  # ended since the launch: their results are dropped
+        seqs = [s for s, r in zip(seqs, running) if r]
+        seats, accept, out = seats[running], accept[running], out[running]
+    scheduler.verified(seats, accept, launched.context_written)
     if policy is not None:
         policy.observe(seats, tokens, accept, seconds)
     _record_batch(stats, accept, tokens)
