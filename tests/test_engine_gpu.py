@@ -222,3 +222,29 @@ def test_padding_round_at_an_uncaptured_width_runs_eagerly(smollm2_dir, draft_di
         runner.padding_round(1, width)
         torch.cuda.synchronize()
         assert runner._use_graph is graphed, width
+
+
+def test_overlapped_rounds_change_no_output_on_gpu(smollm2_dir, real_prompts):
+    """Overlapped rounds (the default on CUDA: a round launched before the host reads the last
+    one back, the seats' state kept on the device) against rounds in step, with the shipped
+    drafter (multi-token accepts), answers of different lengths and stop tokens, so requests
+    end mid-batch and their extra round is dropped: the same tokens and finish reasons (the
+    exact attention: a row's arithmetic does not depend on the batch around it) and every
+    page back."""
+    prompts = real_prompts[::2]
+    plain = Engine(smollm2_dir, draft="default", device="cuda", max_num_seqs=8, progress=False,
+                   kv_cache_tokens=GPU_KV_TOKENS, overlap="off")
+    free = plain.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    params = [SamplingParams(max_tokens=40 + 9 * i, ignore_eos=True,
+                             stop_token_ids=[r.token_ids[30]] if i % 3 == 1 else [])
+              for i, r in enumerate(free)]
+    expected = [(r.token_ids, r.finish_reason) for r in plain.generate(prompts, params)]
+    del plain
+    eng = Engine(smollm2_dir, draft="default", device="cuda", max_num_seqs=8, progress=False,
+                 kv_cache_tokens=GPU_KV_TOKENS)
+    assert eng.overlap
+    got = [(r.token_ids, r.finish_reason) for r in eng.generate(prompts, params)]
+    assert got == expected
+    assert sum(reason == "stop" for _, reason in got) >= 2
+    assert eng.stats.tau > 1.5
+    assert pools_whole(eng) and not eng.has_unfinished()
