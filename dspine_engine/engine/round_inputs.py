@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-_INT_FIELDS = ("seats", "base", "pending", "anchors", "top_k")
+_INT_FIELDS = ("seats", "base", "pending", "anchors", "top_k")  # the first four: seat_rows
 
 
 class RoundInputs:
@@ -40,6 +40,9 @@ class RoundInputs:
                       for i32, f32 in staging]
         self._host_i32, self._host_f32, self.host = self._sets[0]
         self.dev = self._views(self._dev_i32, self._dev_f32, spans, shapes)
+        # The seat, base, pending and anchor fields as one [4, capacity] block (seat_state.py
+        # gathers a round's into it in one call).
+        self.seat_rows = self._dev_i32[:4 * cap].view(4, cap)
         # Fixed for the engine's life: query row offsets and in-block offsets.
         self.cu_q = torch.arange(0, cap * block + 1, block, dtype=torch.int32, device=device)
         self.offsets = torch.arange(block, dtype=torch.int32, device=device)

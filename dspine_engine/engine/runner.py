@@ -189,7 +189,7 @@ class ModelRunner:
         self.inputs.fill_rows(b, n, self.cache.padding_seat)
         self.inputs.upload()
         if self.seat_state is not None:
-            self.seat_state.stage(self.inputs.dev, n)
+            self.seat_state.stage(self.inputs.seat_rows, n)
         # The host's lengths trail the device's by up to a round with a seat state.
         reach = int(base.max()) + self.block * (2 if self.seat_state is not None else 1)
         full = self.cache.target.max_pages
@@ -304,7 +304,7 @@ class ModelRunner:
                                        d["temps"][:b], d["top_k"][:b], d["top_p"][:b],
                                        d["verify_u"][:b, :t].contiguous())
         if self.seat_state is not None:
-            self.seat_state.advance(d, b, accept, out)
+            self.seat_state.advance(inp.seat_rows, b, accept, out)
         both = torch.cat([accept.long()[:, None], out], 1)
         seats = None if self.seat_state is not None else self.inputs.host["seats"][:b].copy()
         return RoundResult(self._readback.start(both), seats, self._anchors)

@@ -21,55 +21,63 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# The rows of the state, one column per seat; the first four are the round inputs' first four
+# fields in their order (round_inputs.py): a round's rows are gathered in one call.
+ROW_SEAT, KV_LEN, PENDING, ANCHOR, END = range(5)
 DEAD = -1
 
 
 class SeatState:
     def __init__(self, seats: int, padding_seat: int, device: torch.device):
-        self.device, self.padding_seat = device, padding_seat
-        self.kv_len = torch.full((seats,), DEAD, dtype=torch.int32, device=device)
-        self.pending = torch.zeros(seats, dtype=torch.int32, device=device)
-        self.anchor = torch.zeros(seats, dtype=torch.int32, device=device)
-        # The anchor position at which the sequence holds max_tokens: it is done there.
-        self.end = torch.zeros(seats, dtype=torch.int32, device=device)
+        self.device = device
+        # Per seat: the seat its rows run as (itself, or the padding seat once dead), the anchor
+        # position (the target K/V length; -1 dead), the pending draft-context rows, the anchor
+        # token, and the anchor position at which the sequence holds max_tokens (done there).
+        self._dead = torch.tensor([padding_seat, DEAD, 0, 0, 0], dtype=torch.int32,
+                                  device=device)[:, None]
+        self.state = self._dead.repeat(1, seats)
+
+    @property
+    def kv_len(self) -> torch.Tensor:
+        return self.state[KV_LEN]
+
+    @property
+    def pending(self) -> torch.Tensor:
+        return self.state[PENDING]
+
+    @property
+    def anchor(self) -> torch.Tensor:
+        return self.state[ANCHOR]
 
     def prefilled(self, seats: np.ndarray, lens: np.ndarray, end: np.ndarray,
                   first_tokens: torch.Tensor) -> None:
         """Sequences whose prompts were just written: the anchor is the first sampled token at
         the prompt's length, nothing is pending; ``end`` is where each is done by length
         (prompt + max_tokens - 1)."""
-        index = torch.as_tensor(seats, dtype=torch.long).to(self.device)
-        host = torch.as_tensor(np.stack([lens, end]), dtype=torch.int32).to(self.device)
-        self.kv_len.index_copy_(0, index, host[0])
-        self.end.index_copy_(0, index, host[1])
-        self.pending.index_fill_(0, index, 0)
-        self.anchor.index_copy_(0, index, first_tokens.to(torch.int32))
+        zeros = np.zeros_like(lens)
+        columns = torch.as_tensor(np.stack([seats, lens, zeros, zeros, end]),
+                                  dtype=torch.int32).to(self.device)
+        columns[ANCHOR] = first_tokens
+        self.state.index_copy_(1, columns[ROW_SEAT].long(), columns)
 
-    def stage(self, inputs: dict, n: int) -> None:
-        """Fills rows 0..n-1 of the round's device inputs (``seats`` already uploaded) with
-        their seats' state; a dead seat's row becomes a padding row (the padding seat)."""
-        seats = inputs["seats"][:n]
-        index = seats.long()
-        base = self.kv_len.index_select(0, index)
-        inputs["base"][:n] = base
-        inputs["pending"][:n] = self.pending.index_select(0, index)
-        inputs["anchors"][:n] = self.anchor.index_select(0, index)
-        seats.copy_(torch.where(base < 0, self.padding_seat, seats))
+    def stage(self, rows: torch.Tensor, n: int) -> None:
+        """Fills columns 0..n-1 of the round's seat, base, pending and anchor inputs (``rows``,
+        [4, capacity], its seats already uploaded) from their seats' state: a dead seat's
+        column becomes a padding row's (the padding seat, base -1)."""
+        rows[:, :n] = self.state[:ANCHOR + 1].index_select(1, rows[ROW_SEAT, :n])
 
-    def advance(self, inputs: dict, b: int, accepted: torch.Tensor, tokens: torch.Tensor) -> None:
+    def advance(self, rows: torch.Tensor, b: int, accepted: torch.Tensor,
+                tokens: torch.Tensor) -> None:
         """After a round's block verify (its ``accepted`` counts and ``tokens`` [b, w]): each
         live seat's anchor moves past the accepted drafts to the bonus token, and the round's
         committed positions are the pending draft context (overlapped rounds are drafted
-        rounds, whose draft forward wrote what was pending, or rounds without a draft). Rows
-        of dead seats rewrite the padding seat's dead state."""
-        index = inputs["seats"][:b].long()
-        base = inputs["base"][:b]
-        live = base >= 0
+        rounds, whose draft forward wrote what was pending, or rounds without a draft). A seat
+        that reached its end, and every padding row, is (again) dead."""
+        seats = rows[ROW_SEAT, :b]
+        now = self.state.index_select(1, seats)
         step = accepted.to(torch.int32) + 1
-        new_len = base + step
-        new_len = torch.where(live & (new_len < self.end.index_select(0, index)), new_len, DEAD)
+        new_len = now[KV_LEN] + step
+        alive = (now[KV_LEN] >= 0) & (new_len < now[END])
         bonus = tokens.gather(1, accepted.long()[:, None])[:, 0].to(torch.int32)
-        zero = torch.zeros((), dtype=torch.int32, device=self.device)
-        self.kv_len.index_copy_(0, index, new_len)
-        self.anchor.index_copy_(0, index, torch.where(live, bonus, zero))
-        self.pending.index_copy_(0, index, torch.where(live, step, zero))
+        moved = torch.stack([seats, new_len, step, bonus, now[END]])
+        self.state.index_copy_(1, seats.long(), torch.where(alive, moved, self._dead))
