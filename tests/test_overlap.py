@@ -8,10 +8,13 @@ statistics must be those of rounds without overlap, through stops, length limits
 failures, and every page must come back.
 """
 import pytest
+import torch
 
 from dspine_engine import Engine, SamplingParams
+from dspine_engine.engine.config import EngineConfig
 from engine_rounds import pools_whole, running_after_rounds
 from random_drafts import write_tiny_random_draft
+from test_spec_policy_lossless import write_linear_profile
 from tiny_models import write_tiny_hybrid
 
 PROMPTS = ["The color I'm referring to", "Write a short poem", "Count to ten", "Hello there",
@@ -72,6 +75,28 @@ def test_device_state_is_the_hosts_once_settled(tiny_llama, tiny_draft):
     assert pools_whole(eng)
 
 
+def test_plain_rounds_catch_the_draft_context_up_by_the_hosts_bound(tiny_llama, tiny_draft,
+                                                                    tmp_path):
+    """The auto policy under a profile where drafting never pays: plain rounds, whose draft
+    context piles up until a catch-up writes it. Overlapped, the host decides the catch-ups
+    from its bound on the pending rows; the device's pending rows and the host's agree once
+    settled, and catch-ups happened."""
+    profile = write_linear_profile(tmp_path / "profile.json", per_token=5.0)
+    eng = Engine(tiny_llama, draft=tiny_draft, progress=False, max_num_seqs=4, page_size=4,
+                 overlap="on", spec_policy="auto", spec_cost_profile=str(profile))
+    real, wrote = eng.runner.catch_up_context, []
+    eng.runner.catch_up_context = lambda: wrote.append(real()) or wrote[-1]
+    with running_after_rounds(eng, PROMPTS[:3], rounds=40, max_tokens=60) as seqs:
+        eng.cache.check_invariants(seqs)
+        seats = [s.seat for s in seqs]
+        state = eng.runner.seat_state
+        assert state.pending[seats].tolist() == eng.cache.pending[seats].tolist()
+        assert state.kv_len[seats].tolist() == eng.cache.kv_len[seats].tolist()
+    assert any(wrote) and not all(wrote)
+    assert eng.stats.verify_lengths.get(0, 0) > 0
+    assert pools_whole(eng)
+
+
 def test_an_abort_while_a_round_is_in_flight_loses_nothing_else(tiny_llama, tiny_draft):
     pair = engines(tiny_llama, tiny_draft)
     params = [sampled(i, 20) for i in range(3)]
@@ -82,7 +107,7 @@ def test_an_abort_while_a_round_is_in_flight_loses_nothing_else(tiny_llama, tiny
     for _ in range(4):  # prefill, then rounds: one is in flight after each
         for o in eng.step():
             outs[o.request_id] += o.new_token_ids
-    assert eng._driver._flight is not None
+    assert eng._driver._flight
     assert eng.abort(ids[1])
     while eng.has_unfinished():
         for o in eng.step():
@@ -111,20 +136,27 @@ def test_a_failed_round_ends_its_requests_and_the_engine_goes_on(tiny_llama, tin
     results = eng.generate(PROMPTS[:2], [sampled(0, 30), sampled(1, 30)])
     assert [r.finish_reason for r in results] == ["error", "error"]
     assert all("verify broke" in r.error for r in results)
-    assert pools_whole(eng) and eng._driver._flight is None
+    assert pools_whole(eng) and not eng._driver._flight
     assert eng.generate(PROMPTS[0], params)[0].token_ids == reference
 
 
 def test_overlap_setting_is_checked(tiny_llama, tiny_draft, tmp_path, smollm2_dir):
     with pytest.raises(ValueError, match="overlap must be one of"):
         Engine(tiny_llama, progress=False, overlap="yes")
-    with pytest.raises(ValueError, match="spec_policy='auto'"):
-        Engine(tiny_llama, draft=tiny_draft, progress=False, overlap="on", spec_policy="auto")
     hybrid = write_tiny_hybrid(tmp_path / "hybrid", "qwen3_5", smollm2_dir, num_hidden_layers=2,
                                layer_types=["linear_attention", "full_attention"])
     with pytest.raises(ValueError, match="recurrent state"):
         Engine(hybrid, progress=False, overlap="on")
     assert not Engine(tiny_llama, progress=False).overlap  # "auto": the CPU runs in step
+    # The resolution by device (no GPU here): the auto policy overlaps on the CPU only for now.
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    auto_policy = EngineConfig(overlap="on", spec_policy="auto")
+    with pytest.raises(ValueError, match="CPU only"):
+        auto_policy.overlapped(cuda, hybrid=False, has_draft=True, distributed=False)
+    assert auto_policy.overlapped(cpu, hybrid=False, has_draft=True, distributed=False)
+    assert EngineConfig().overlapped(cuda, hybrid=False, has_draft=True, distributed=False)
+    assert not EngineConfig(spec_policy="auto").overlapped(cuda, hybrid=False, has_draft=True,
+                                                           distributed=False)
     assert not Engine(hybrid, progress=False, overlap="auto").overlap
 
 

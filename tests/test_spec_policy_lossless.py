@@ -31,12 +31,15 @@ def prompts():
     return humaneval_prompts()[:3] + mtbench_prompts()[:3]
 
 
+@pytest.mark.parametrize("overlap", ["off", "on"], ids=["in-step", "overlapped"])
 def test_greedy_lossless_with_dynamic_verification(smollm2_dir, smollm2_engine, prompts,
-                                                   tmp_path):
+                                                   tmp_path, overlap):
+    """Overlapped, the plan of round k+1 is made before round k is read back, and a plain
+    round's catch-up of the draft context goes by the host's bound on the pending rows."""
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     reference = [r.token_ids for r in smollm2_engine.generate(prompts, params)]
     eng = Engine(smollm2_dir, draft="default", progress=False, max_num_seqs=8,
-                 spec_policy="auto",
+                 spec_policy="auto", overlap=overlap,
                  # 0.2 per verified token splits the shipped drafter's sequences between plain
                  # rounds and 2- and 4-token blocks (run 6: {1: 112, 3: 95, 0: 25}); a better
                  # drafter drafts more at the same price, so this moves with the weights.

@@ -86,9 +86,10 @@ def add_overlap_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap", choices=("auto", "on", "off"), default="auto",
                    help="launch each round before the host has read the last one back, so the "
                         "host's bookkeeping and text run while the GPU computes: 'auto' "
-                        "(default) on CUDA with --spec-policy fixed or --no-draft, 'on' asks for "
-                        "it anywhere (an error where it cannot apply), 'off' never. Outputs do "
-                        "not depend on it")
+                        "(default) on CUDA with --spec-policy fixed or --no-draft, 'on' also "
+                        "on the CPU (there also under --spec-policy auto; an error for a hybrid "
+                        "target, tensor parallelism, or --spec-policy auto on CUDA), 'off' "
+                        "never. Greedy outputs do not depend on it")
 
 
 def add_kv_cache_argument(p: argparse.ArgumentParser) -> None:

@@ -81,10 +81,11 @@ class EngineConfig:
     cpu_threads: int | None = None
     # Overlapped rounds (driver.py): the next round is launched before the host reads the last
     # one back, so the host's bookkeeping, text and outputs run while the device computes.
-    # "auto" overlaps on CUDA where it applies (the fixed policy drafting every round, or no
-    # draft; an attention-only target; one rank), "on" wherever it applies (the CPU too, where
-    # it gains nothing: for tests) and refuses a setting it cannot apply to, "off" never.
-    # Outputs are the same either way.
+    # It needs an attention-only target and one rank. "auto" overlaps on CUDA under the fixed
+    # policy or without a draft, "on" wherever it applies (the CPU too, where it gains nothing;
+    # the auto policy on the CPU only, for now) and refuses a setting it cannot apply to, "off"
+    # never. Outputs are the same either way (greedy; under the auto policy the widths may
+    # differ).
     overlap: str = "auto"
 
     # Derived from the models by derive(); not arguments.
@@ -191,24 +192,30 @@ class EngineConfig:
                                                    and device.type == "cpu")
 
     def overlapped(self, device, hybrid: bool, has_draft: bool, distributed: bool) -> bool:
-        """Whether rounds overlap (``overlap`` resolved). They need every round's width known
-        before the last round is read back, and the round's whole state on the device: the
-        fixed policy drafting every round (or no draft), no recurrent state (its replay is
-        the host's), one rank. "on" with anything else is refused, naming it."""
+        """Whether rounds overlap (``overlap`` resolved). They need the round's whole state on
+        the device: no recurrent state (its replay is the host's) and one rank. "auto"
+        overlaps on CUDA under the fixed policy or without a draft (measured on a GPU). The
+        auto policy (which then plans from the acceptance up to the round in flight and
+        launches a round per group) overlaps when asked ("on") on the CPU only in this
+        version: two launches a step need host buffers that no GPU run has checked yet. "on"
+        where it cannot apply is refused, naming why."""
         if self.overlap == "off":
             return False
         why = None
-        if has_draft and self.spec_policy != "fixed":
-            why = "spec_policy='auto' plans each round from the last one's acceptance"
-        elif has_draft and self.verify_widths == [1]:
-            why = "a draft verifying no drafts catches its context up on the host"
-        elif hybrid:
+        if hybrid:
             why = "a hybrid target's recurrent state is replayed from the host"
         elif distributed:
             why = "tensor-parallel rounds are driven by the host, rank by rank"
+        elif has_draft and self.spec_policy != "fixed" and device.type == "cuda":
+            why = ("spec_policy='auto' overlaps on the CPU only in this version (its CUDA path "
+                   "has not run on a GPU yet)")
         if why is not None and self.overlap == "on":
             raise ValueError(f"overlap='on' cannot apply: {why}; use overlap='auto' or 'off'")
-        return why is None and (self.overlap == "on" or device.type == "cuda")
+        if why is not None:
+            return False
+        if self.overlap == "on":
+            return True
+        return device.type == "cuda" and (not has_draft or self.spec_policy == "fixed")
 
     @property
     def max_position(self) -> int:

@@ -40,7 +40,7 @@ class LoopDriver:
                  overlap: bool = False):
         self.scheduler = scheduler
         self.overlap = overlap
-        self._flight: LaunchedRound | None = None  # the overlapped round not yet finished
+        self._flight: list[LaunchedRound] = []  # the overlapped round's groups, not read yet
         self.runner = runner
         self.policy = policy  # how many drafts each round verifies (spec_policy.py)
         self.stats = stats  # EngineStats, totals over the engine's life
@@ -170,15 +170,15 @@ class LoopDriver:
             with self.runner.threads():
                 new_tokens = work()
         except EngineDeadError as e:
-            self._flight = None
+            self._flight = []
             log.error("engine stopped: %s", e)
             self._fail_all(f"{type(e).__name__}: {e}")
             raise
         except Exception as e:  # a failed batch must not take the engine down
             log.exception("step failed")
             failed = failing()
-            if self._flight is not None and not set(self._flight.seqs).isdisjoint(failed):
-                self._flight = None
+            if not set(self._flight_seqs()).isdisjoint(failed):
+                self._flight = []
             for s in failed:
                 if s.status is not Status.FINISHED:
                     self.scheduler.finish(s, "error", error=f"{type(e).__name__}: {e}")
@@ -194,22 +194,29 @@ class LoopDriver:
         return True
 
     def _overlapped_round(self, batch: list[Sequence]) -> dict[str, list[int]]:
-        """Launches the batch's round, then finishes the one before it."""
-        tokens = self.policy.width if self.policy is not None else self.runner.block
-        launched = launch_round(self.runner, self.scheduler, batch, tokens)
+        """Launches the batch's round (a launch per group of the policy's plan, which reads
+        the acceptance observed up to the round in flight), then finishes the one before."""
+        groups = (self.policy.plan(batch) if self.policy is not None
+                  else [(self.runner.block, batch)])
+        launched = [launch_round(self.runner, self.scheduler, group, tokens)
+                    for tokens, group in groups]
         done = self._finish_flight() or {}
         self._flight = launched
         return done
 
     def _finish_flight(self) -> dict[str, list[int]] | None:
-        """The round in flight's new tokens (None when there is none)."""
-        flight, self._flight = self._flight, None
-        if flight is None:
+        """The new tokens of the round in flight (None when there is none)."""
+        flight, self._flight = self._flight, []
+        if not flight:
             return None
-        return finish_round(self.runner, flight, self.scheduler, self.stats, self.policy)
+        new_tokens = {}
+        for launched in flight:
+            new_tokens.update(finish_round(self.runner, launched, self.scheduler, self.stats,
+                                           self.policy, timed=False))
+        return new_tokens
 
     def _flight_seqs(self) -> list[Sequence]:
-        return list(self._flight.seqs) if self._flight is not None else []
+        return [s for launched in self._flight for s in launched.seqs]
 
     def _fail_all(self, error: str) -> None:
         """Ends every unfinished request (running or waiting) with ``error``."""

@@ -87,6 +87,10 @@ class ModelRunner:
         # the device (seat_state.py), and the host's lengths may trail them by one round.
         self.seat_state = (SeatState(seats, cache.padding_seat, self.device) if overlap
                            else None)
+        # With a seat state the host does not know the pending rows: per seat a bound on them
+        # (exact after plain rounds, the width after a drafted one), what catch-ups go by.
+        self._pending_bound = np.zeros(seats, np.int64)
+        self._context_written = True  # the staged round writes the pending draft context
         self._readback = _Readback(max_batch, self.block, self.device)
         self._ix = RoundIndex(self.inputs)
         # Query offsets per verify width (a round may verify fewer than B tokens: spec_policy).
@@ -146,6 +150,7 @@ class ModelRunner:
         first = out[:, 0].cpu().numpy()
         self._anchors[seats] = first
         if self.seat_state is not None:
+            self._pending_bound[seats] = 0
             lens = np.fromiter((len(s.prompt_ids) for s in seqs), np.int64, b)
             ends = lens + np.fromiter((s.params.max_tokens for s in seqs), np.int64, b) - 1
             self.seat_state.prefilled(seats, lens, ends, out[:, 0])
@@ -175,6 +180,7 @@ class ModelRunner:
         whole block)."""
         b = len(seqs)
         self._tokens = tokens or self.block
+        self._context_written = True
         self._use_graph = self.graphs is not None and self.graphs.fits(b)
         n = self.graphs.padded(b) if self._use_graph else b
         base = self.cache.kv_len[seats]
@@ -248,19 +254,25 @@ class ModelRunner:
         """For a round that verifies no drafts. The draft context of committed positions is
         written lazily: each plain round only adds its position's taps to the seat's buffer
         (up to a block of rows, `_verify_body`), and the next draft forward writes them all,
-        as it does after a drafted round. Only when some sequence's buffer is full are the
+        as it does after a drafted round. Only when some sequence's buffer may be full are the
         pending rows written here, in one batched pass (so a long run of plain rounds pays one
         draft-context write per block of tokens, not one per token). Returns whether it wrote
-        (then nothing is pending: the cache manager is told through `commit`)."""
-        b = self._b
-        if not (self.inputs.host["pending"][:b] >= self.block).any():
-            return False
-        if self._use_graph and self.graphs is not None:
-            self.graphs.replay("ingest", self._n)
-        else:
-            self._ingest_body(self._n, self._width, self._pending_rows())
-        self.inputs.dev["pending"][:self._n].zero_()  # this round's taps go to row 0
-        return True
+        (then nothing is pending: the cache manager is told through `commit`). With a seat
+        state it goes by the host's bound on the pending rows (a catch-up where the bound
+        says one may be needed writes what is pending, however little)."""
+        b, seats = self._b, self.inputs.host["seats"][:self._b]
+        pending = (self._pending_bound[seats] if self.seat_state is not None
+                   else self.inputs.host["pending"][:b])
+        wrote = bool((pending >= self.block).any())
+        if wrote:
+            if self._use_graph and self.graphs is not None:
+                self.graphs.replay("ingest", self._n)
+            else:
+                self._ingest_body(self._n, self._width, self._pending_rows())
+            self.inputs.dev["pending"][:self._n].zero_()  # this round's taps go to row 0
+        self._pending_bound[seats] = 1 if wrote else self._pending_bound[seats] + 1
+        self._context_written = wrote
+        return wrote
 
     def propose(self) -> None:
         """Draft forward of the prepared round: writes the pending context rows, drafts the
@@ -272,6 +284,7 @@ class ModelRunner:
         else:
             self._draft_body(self._n, self._width, self._tokens - 1,
                              self.verified_draft_blocks, self._pending_rows())
+        self._pending_bound[self.inputs.host["seats"][:self._b]] = self._tokens  # accepted + 1
 
     def verify(self) -> torch.Tensor:
         """Target forward over [anchor, d_1..d_{B-1}] (or the anchor alone without a draft);
@@ -304,7 +317,7 @@ class ModelRunner:
                                        d["temps"][:b], d["top_k"][:b], d["top_p"][:b],
                                        d["verify_u"][:b, :t].contiguous())
         if self.seat_state is not None:
-            self.seat_state.advance(inp.seat_rows, b, accept, out)
+            self.seat_state.advance(inp.seat_rows, b, accept, out, self._context_written)
         both = torch.cat([accept.long()[:, None], out], 1)
         seats = None if self.seat_state is not None else self.inputs.host["seats"][:b].copy()
         return RoundResult(self._readback.start(both), seats, self._anchors)

@@ -66,18 +66,19 @@ class SeatState:
         column becomes a padding row's (the padding seat, base -1)."""
         rows[:, :n] = self.state[:ANCHOR + 1].index_select(1, rows[ROW_SEAT, :n])
 
-    def advance(self, rows: torch.Tensor, b: int, accepted: torch.Tensor,
-                tokens: torch.Tensor) -> None:
+    def advance(self, rows: torch.Tensor, b: int, accepted: torch.Tensor, tokens: torch.Tensor,
+                context_written: bool = True) -> None:
         """After a round's block verify (its ``accepted`` counts and ``tokens`` [b, w]): each
         live seat's anchor moves past the accepted drafts to the bonus token, and the round's
-        committed positions are the pending draft context (overlapped rounds are drafted
-        rounds, whose draft forward wrote what was pending, or rounds without a draft). A seat
-        that reached its end, and every padding row, is (again) dead."""
+        committed positions are pending draft context (after those still pending, unless the
+        round wrote them: a drafted round, a plain round's catch-up, a round without a draft).
+        A seat that reached its end, and every padding row, is (again) dead."""
         seats = rows[ROW_SEAT, :b]
         now = self.state.index_select(1, seats)
         step = accepted.to(torch.int32) + 1
         new_len = now[KV_LEN] + step
         alive = (now[KV_LEN] >= 0) & (new_len < now[END])
         bonus = tokens.gather(1, accepted.long()[:, None])[:, 0].to(torch.int32)
-        moved = torch.stack([seats, new_len, step, bonus, now[END]])
+        pending = step if context_written else now[PENDING] + step
+        moved = torch.stack([seats, new_len, pending, bonus, now[END]])
         self.state.index_copy_(1, seats.long(), torch.where(alive, moved, self._dead))

@@ -65,10 +65,12 @@ def launch_round(runner: ModelRunner, scheduler: Scheduler, seqs: list[Sequence]
 
 
 def finish_round(runner: ModelRunner, launched: LaunchedRound, scheduler: Scheduler, stats,
-                 policy=None) -> dict[str, list[int]]:
-    """Reads the round's results back and commits them for the sequences still running."""
+                 policy=None, timed: bool = True) -> dict[str, list[int]]:
+    """Reads the round's results back and commits them for the sequences still running.
+    ``timed``: the round ran alone from staging to read-back, so its wall time is its cost
+    (the policy's calibration observes it); an overlapped round's is not."""
     accept, out = runner.read_back(launched.result)
-    seconds = time.perf_counter() - launched.started
+    seconds = time.perf_counter() - launched.started if timed else None
     seqs, seats, tokens = launched.seqs, launched.seats, launched.tokens
     running = [s.status is Status.RUNNING for s in seqs]
     if not all(running):  # ended since the launch: their results are dropped
