@@ -211,11 +211,7 @@ class EngineConfig:
                    "has not run on a GPU yet)")
         if why is not None and self.overlap == "on":
             raise ValueError(f"overlap='on' cannot apply: {why}; use overlap='auto' or 'off'")
-        if why is not None:
-            return False
-        if self.overlap == "on":
-            return True
-        return device.type == "cuda" and (not has_draft or self.spec_policy == "fixed")
+        return why is None and (self.overlap == "on" or device.type == "cuda")
 
     @property
     def max_position(self) -> int:

@@ -270,7 +270,8 @@ class ModelRunner:
             else:
                 self._ingest_body(self._n, self._width, self._pending_rows())
             self.inputs.dev["pending"][:self._n].zero_()  # this round's taps go to row 0
-        self._pending_bound[seats] = 1 if wrote else self._pending_bound[seats] + 1
+        if self.seat_state is not None:
+            self._pending_bound[seats] = 1 if wrote else self._pending_bound[seats] + 1
         self._context_written = wrote
         return wrote
 
@@ -284,7 +285,8 @@ class ModelRunner:
         else:
             self._draft_body(self._n, self._width, self._tokens - 1,
                              self.verified_draft_blocks, self._pending_rows())
-        self._pending_bound[self.inputs.host["seats"][:self._b]] = self._tokens  # accepted + 1
+        if self.seat_state is not None:  # accepted + 1 rows become pending
+            self._pending_bound[self.inputs.host["seats"][:self._b]] = self._tokens
 
     def verify(self) -> torch.Tensor:
         """Target forward over [anchor, d_1..d_{B-1}] (or the anchor alone without a draft);
