@@ -196,3 +196,6 @@ def test_bench_e2e_stop_at_eos_ends_answers_where_the_model_does(smollm2_engine)
     assert all(len(ids) < 48 and ids[-1] in eos for ids in real_ids)
     assert real["tokens"] == sum(len(ids) for ids in real_ids)
     assert all(f[:len(r)] == r for f, r in zip(fixed_ids, real_ids))
+    # A concurrency above the prompt count is recorded with the requests that ran.
+    capped, _ = throughput(smollm2_engine, prompts, 4, 8)
+    assert capped["concurrency"] == 8 and capped["requests"] == 2 and fixed["requests"] == 2

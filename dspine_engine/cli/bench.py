@@ -160,7 +160,9 @@ def throughput(engine, prompts, max_new_tokens: int, concurrency: int,
     _sync(engine)
     dt = time.perf_counter() - t0
     tokens = sum(len(r.token_ids) for r in results)
-    return ({"concurrency": concurrency, "tokens": tokens, "seconds": dt,
+    # With fewer prompts than `concurrency`, at most len(prompts) are ever in flight, and a
+    # batch that only drains: the row says so (`requests`), the printed line too.
+    return ({"concurrency": concurrency, "requests": len(prompts), "tokens": tokens, "seconds": dt,
              "tokens_per_second": tokens / dt, "tau": engine.stats.tau},
             [r.token_ids for r in results])
 
@@ -206,7 +208,9 @@ def cmd_e2e(args) -> dict:
                                                         outputs[("ar", c)], toks)
             outputs[(name, c)] = toks
             rows.append(row)
+            capped = f" (only {len(prompts)} requests)" if len(prompts) < c else ""
             print(f"{name:>8} c={c:<3} {row['tokens_per_second']:9.1f} tok/s  tau {row['tau']:.2f}"
+                  + capped
                   + (f"  drafts verified {format_lengths(engine.stats.verify_lengths)}"
                      if path is not None else "")
                   + (f"  vs AR: {describe(row['vs_ar_greedy'])}" if "vs_ar_greedy" in row else ""),
