@@ -199,3 +199,8 @@ def test_bench_e2e_stop_at_eos_ends_answers_where_the_model_does(smollm2_engine)
     # A concurrency above the prompt count is recorded with the requests that ran.
     capped, _ = throughput(smollm2_engine, prompts, 4, 8)
     assert capped["concurrency"] == 8 and capped["requests"] == 2 and fixed["requests"] == 2
+    # Both requests ran every fixed-length round together; with EOS the batch drained as they
+    # ended (plain decoding: a round a token after the prefill's first).
+    steps = [len(ids) - 1 for ids in real_ids]
+    assert fixed["mean_batch"] == 2.0
+    assert real["mean_batch"] == pytest.approx(sum(steps) / max(steps))

@@ -163,7 +163,8 @@ def throughput(engine, prompts, max_new_tokens: int, concurrency: int,
     # With fewer prompts than `concurrency`, at most len(prompts) are ever in flight, and a
     # batch that only drains: the row says so (`requests`), the printed line too.
     return ({"concurrency": concurrency, "requests": len(prompts), "tokens": tokens, "seconds": dt,
-             "tokens_per_second": tokens / dt, "tau": engine.stats.tau},
+             "tokens_per_second": tokens / dt, "tau": engine.stats.tau,
+             "mean_batch": engine.stats.mean_batch},
             [r.token_ids for r in results])
 
 
@@ -210,7 +211,7 @@ def cmd_e2e(args) -> dict:
             rows.append(row)
             capped = f" (only {len(prompts)} requests)" if len(prompts) < c else ""
             print(f"{name:>8} c={c:<3} {row['tokens_per_second']:9.1f} tok/s  tau {row['tau']:.2f}"
-                  + capped
+                  f"  batch {row['mean_batch']:.1f}" + capped
                   + (f"  drafts verified {format_lengths(engine.stats.verify_lengths)}"
                      if path is not None else "")
                   + (f"  vs AR: {describe(row['vs_ar_greedy'])}" if "vs_ar_greedy" in row else ""),

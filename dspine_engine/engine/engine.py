@@ -99,6 +99,7 @@ class EngineStats:
     requests: int = 0
     new_tokens: int = 0
     rounds: int = 0  # decode steps / speculative rounds, summed over sequences
+    batches: int = 0  # verified batches (one per round step, one per group under the auto policy)
     accepted_drafts: int = 0
     accepted_by_position: list[int] = dataclasses.field(default_factory=list)
     drafted_rounds: int = 0
@@ -118,6 +119,12 @@ class EngineStats:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.busy_seconds if self.busy_seconds else 0.0
+
+    @property
+    def mean_batch(self) -> float:
+        """Sequences a verified batch held on average: how full the rounds ran (a benchmark at
+        concurrency c whose batch drains as its requests end reads below c)."""
+        return self.rounds / self.batches if self.batches else 0.0
 
     def path(self) -> str:
         """autoregressive / speculative / mixed: which path the rounds took (outputs.py)."""
