@@ -133,6 +133,9 @@ def test_metrics_report_tau_acceptance_and_tokens(server, engine):
     m = metrics(server.url)
     rounds = m["dspine_engine_rounds_total"]
     assert rounds > 0
+    # Every round belongs to a verified batch of at most the engine's max_num_seqs sequences.
+    batches = m["dspine_engine_batches_total"]
+    assert 0 < batches <= rounds <= batches * engine.max_num_seqs
     assert m["dspine_tau"] == pytest.approx(
         1 + m["dspine_engine_accepted_draft_tokens_total"] / rounds)
     rates = {k: v for k, v in m.items() if k.startswith("dspine_acceptance_rate{")}

@@ -52,6 +52,8 @@ class _EngineCollector:
                        s.steps)
         yield _counter("dspine_engine_rounds", "decode steps / speculative rounds, summed over "
                        "sequences", e.rounds)
+        yield _counter("dspine_engine_batches", "verified batches (rounds / batches = sequences "
+                       "a batch held: how full the rounds run)", e.batches)
         yield _counter("dspine_engine_generated_tokens", "tokens the engine committed",
                        e.new_tokens)
         yield _counter("dspine_engine_accepted_draft_tokens", "draft tokens accepted (tau = 1 + "
