@@ -58,7 +58,23 @@ def test_outputs_and_stats_are_those_without_overlap(tiny_llama, tiny_draft, wit
     assert sum(reason == "stop" for _, reason, _ in expected) >= 2  # the stop path runs
     assert run(pair["on"], params) == expected
     assert pair["on"].stats.rounds == pair["off"].stats.rounds
+    assert pair["on"].stats.batches == pair["off"].stats.batches
     assert pair["on"].stats.accepted_drafts == pair["off"].stats.accepted_drafts
+
+
+def test_a_round_whose_requests_all_ended_is_no_batch_in_the_statistics(tiny_llama):
+    """A request that stops while its next round is in flight: that round's rows are dropped,
+    and the batch is not counted either (the mean batch is rounds / batches)."""
+    pair = engines(tiny_llama, None)
+    plain = pair["off"].generate(PROMPTS[:1], sampled(0, 12))[0].token_ids
+    params = sampled(0, 12, stop_token_ids=[plain[5]])
+    for eng in pair.values():
+        eng.reset_stats()
+    out = {mode: eng.generate(PROMPTS[:1], params)[0] for mode, eng in pair.items()}
+    assert out["on"].token_ids == out["off"].token_ids and out["on"].finish_reason == "stop"
+    pair["on"]._driver.settle()  # the round launched before the stop was read back
+    assert pair["on"].stats.batches == pair["off"].stats.batches == pair["off"].stats.rounds > 0
+    assert pair["on"].stats.mean_batch == 1.0
 
 
 def test_device_state_is_the_hosts_once_settled(tiny_llama, tiny_draft):

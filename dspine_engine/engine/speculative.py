@@ -91,7 +91,7 @@ def finish_round(runner: ModelRunner, launched: LaunchedRound, scheduler: Schedu
 def _record_batch(stats, accept: np.ndarray, tokens: int) -> None:
     """Engine totals for the whole batch at once."""
     stats.rounds += len(accept)
-    stats.batches += 1
+    stats.batches += 1 if len(accept) else 0  # not an overlapped batch whose requests all ended
     stats.accepted_drafts += int(accept.sum())
     positions = len(stats.accepted_by_position)
     if positions:
