@@ -99,7 +99,7 @@ class EngineStats:
     requests: int = 0
     new_tokens: int = 0
     rounds: int = 0  # decode steps / speculative rounds, summed over sequences
-    batches: int = 0  # verified batches (one per round step, one per group under the auto policy)
+    batches: int = 0  # verified batches with a request still running (a group each: auto policy)
     accepted_drafts: int = 0
     accepted_by_position: list[int] = dataclasses.field(default_factory=list)
     drafted_rounds: int = 0

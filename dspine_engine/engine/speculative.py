@@ -89,9 +89,12 @@ def finish_round(runner: ModelRunner, launched: LaunchedRound, scheduler: Schedu
 
 
 def _record_batch(stats, accept: np.ndarray, tokens: int) -> None:
-    """Engine totals for the whole batch at once."""
+    """Engine totals for the whole batch at once. An overlapped batch whose requests all ended
+    before it was read back records nothing (not even as a batch, or a width verified 0 times)."""
+    if not len(accept):
+        return
     stats.rounds += len(accept)
-    stats.batches += 1 if len(accept) else 0  # not an overlapped batch whose requests all ended
+    stats.batches += 1
     stats.accepted_drafts += int(accept.sum())
     positions = len(stats.accepted_by_position)
     if positions:
